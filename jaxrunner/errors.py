@@ -121,6 +121,18 @@ class EpisodeConflictError(JaxRunnerError, RuntimeError):
     another call for it is still in flight. Served as HTTP 409."""
 
 
+class EvaluationIncompleteError(JaxRunnerError, RuntimeError):
+    """``evaluate`` took ``max_env_steps`` env steps before every env had completed its
+    share of the episodes (an env whose episodes never end, or too small a budget).
+
+    Attributes:
+        partial_result: the :class:`jaxrunner.EvaluationResult` of the episodes that
+            did complete, each env's first ones.
+    """
+
+    partial_result: Any = None
+
+
 class ActionTimeoutError(JaxRunnerError, TimeoutError):
     """An external env's action (or a wait for episodes) took longer than its timeout."""
 
@@ -176,6 +188,7 @@ __all__ = [
     "MemoryLimitError",
     "EpisodeNotFoundError",
     "EpisodeConflictError",
+    "EvaluationIncompleteError",
     "ActionTimeoutError",
     "WorkerError",
     "WorkerTimeoutError",

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import flax.linen as nn
+import gymnasium
 import jax
 import numpy as np
 import pytest
 
 import jaxrunner as jr
+from jaxrunner.errors import EvaluationIncompleteError, InvalidArgumentError
 
 
 class Net(nn.Module):
@@ -84,6 +86,35 @@ def test_stochastic_matches_a_sampling_runner(setup) -> None:
     obs = np.concatenate([e.obs[:-1] for e in result.episodes])
     mode = np.argmax(policy.distribution(params, obs).logits, axis=-1)
     assert np.any(actions != mode)
+
+
+class _Endless(gymnasium.Env):
+    """CartPole's spaces, an episode that never ends (no time limit)."""
+
+    observation_space = gymnasium.make("CartPole-v1").observation_space
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(4, np.float32), 1.0, False, False, {}
+
+
+def test_max_env_steps_gives_up_with_the_episodes_that_completed(setup) -> None:
+    policy, params, _ = setup
+    envs = jr.make_vec([lambda: gymnasium.make("CartPole-v1"), _Endless], 2)
+    with envs:
+        with pytest.raises(EvaluationIncompleteError, match=r"envs \[1\] have not") as info:
+            jr.evaluate(envs, policy, params, num_episodes=4, max_env_steps=512)
+        with pytest.raises(InvalidArgumentError, match="max_env_steps"):
+            jr.evaluate(envs, policy, params, num_episodes=4, max_env_steps=0)
+    message = str(info.value)
+    assert "max_env_steps=512): 2 of 4 episodes complete after 512 env steps" in message
+    partial = info.value.partial_result
+    assert partial.num_episodes == 2 and partial.env_ids.tolist() == [0, 0]
+    assert [e.env_id for e in partial.episodes] == [0, 0]
 
 
 def test_bad_num_episodes(setup) -> None:

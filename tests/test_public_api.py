@@ -102,6 +102,7 @@ PUBLIC = {
         "EnvIndexError",
         "EpisodeConflictError",
         "EpisodeNotFoundError",
+        "EvaluationIncompleteError",
         "InvalidActionError",
         "InvalidArgumentError",
         "InvalidArgumentTypeError",

@@ -18,8 +18,9 @@ from jaxrunner._src.connectors.per_group import GroupConnectors
 from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
 from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.core.policy import Params, Policy
+from jaxrunner._src.runner.collection import sample_once
 from jaxrunner._src.runner.env_runner import EnvRunner
-from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.errors import EvaluationIncompleteError, InvalidArgumentError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +95,7 @@ def evaluate(
     rollout_length: int = 32,
     connectors: Connectors | GroupConnectors | None = None,
     connector_state: ConnectorsState | Mapping[str, Any] | None = None,
+    max_env_steps: int | None = None,
 ) -> EvaluationResult:
     """Runs ``policy`` with ``params`` on ``envs`` for ``num_episodes`` complete
     episodes and returns them with their statistics (see docs/evaluation-and-datasets.md).
@@ -125,11 +127,19 @@ def evaluate(
             as frame stacks start afresh with the evaluation envs' episodes). Required
             when the observation connectors keep statistics: fresh ones would evaluate on
             unnormalized observations.
+        max_env_steps: the most env steps (all envs together, checked after each inner
+            ``sample()``) before giving up; None: no limit, so envs whose episodes never
+            end (no time limit) would run forever.
 
     Returns:
         An :class:`EvaluationResult`.
+
+    Raises:
+        EvaluationIncompleteError: ``max_env_steps`` were taken first; its
+            ``partial_result`` holds the episodes that did complete.
     """
     check_int("evaluate", "num_episodes", num_episodes)
+    check_int("evaluate", "max_env_steps", max_env_steps, none="for no limit")
     if connectors is None and connector_state is not None:
         raise InvalidArgumentError(
             "evaluate(connector_state=...): no connectors to take it; pass "
@@ -148,7 +158,9 @@ def evaluate(
             frozen = _frozen_states(runner, connector_state)
             runner.set_connector_state(runner.from_policy_dict(frozen))
         ends = _env_episode_ends(runner) if runner.multi_agent else _episode_ends(runner)
-        return _first_episodes(ends, envs.num_envs, num_episodes)
+        agents = list(envs.possible_agents) if runner.multi_agent else []
+        budget = _Budget(rollout_length * envs.num_envs, max_env_steps)
+        return _first_episodes(ends, envs.num_envs, num_episodes, agents, budget)
     finally:  # the caller's envs stay open, free for the next evaluation
         runner.stop(close_envs=False)
 
@@ -195,19 +207,49 @@ _Ended = tuple[int, float, int, dict[str, float], Episode | None]
 """An episode as it ends: env id, return, length, return per agent, the episode (single-agent)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class _Budget:
+    """The env steps each inner sample takes, and the most ``evaluate`` may take."""
+
+    per_sample: int
+    max_env_steps: int | None
+
+
 def _first_episodes(
-    next_ends: Callable[[int], list[_Ended]], num_envs: int, num_episodes: int
+    next_ends: Callable[[], list[_Ended]],
+    num_envs: int,
+    num_episodes: int,
+    agents: list[str],
+    budget: _Budget,
 ) -> EvaluationResult:
     """Each env's first episodes, an equal share of ``num_episodes``, from ``next_ends``
-    (given how many are missing: the episodes that ended next, in the order they ran)."""
+    (the episodes the next sample ends, in the order they ran); within ``budget``, else
+    an :class:`EvaluationIncompleteError` holding those that completed."""
     share = [num_episodes // num_envs + (i < num_episodes % num_envs) for i in range(num_envs)]
     kept: list[list[_Ended]] = [[] for _ in range(num_envs)]
+    taken = 0
     while missing := sum(want - len(got) for want, got in zip(share, kept)):
-        for ended in next_ends(missing):
+        if budget.max_env_steps is not None and taken >= budget.max_env_steps:
+            short = [i for i, (want, got) in enumerate(zip(share, kept)) if len(got) < want]
+            err = EvaluationIncompleteError(
+                f"evaluate(max_env_steps={budget.max_env_steps}): {num_episodes - missing} of "
+                f"{num_episodes} episodes complete after {taken} env steps; envs {short[:8]} "
+                "have not completed their share. Check that the envs' episodes end (e.g. "
+                "gymnasium.make(..., max_episode_steps=...)), or raise max_env_steps. The "
+                "episodes that completed are in err.partial_result."
+            )
+            err.partial_result = _result(kept, agents)
+            raise err
+        for ended in next_ends():
             if len(kept[ended[0]]) < share[ended[0]]:
                 kept[ended[0]].append(ended)
+        taken += budget.per_sample
+    return _result(kept, agents)
+
+
+def _result(kept: list[list[_Ended]], agents: list[str]) -> EvaluationResult:
+    """The episodes ``kept`` (by env, in the order they ran) as an EvaluationResult."""
     rows = [ended for per_env in kept for ended in per_env]
-    agents = list(rows[0][3])  # every row has the same agents (none for a single-agent env)
     return EvaluationResult(
         episodes=[e for *_, e in rows if e is not None],
         returns=np.array([r[1] for r in rows], np.float64),
@@ -217,20 +259,27 @@ def _first_episodes(
     )
 
 
-def _episode_ends(runner: EnvRunner) -> Callable[[int], list[_Ended]]:
-    """Single-agent: the next complete episodes (never a faulty one), in start order."""
-    return lambda missing: [
-        (e.env_id, e.total_return, e.length, {}, e) for e in runner.sample_episodes(missing)
-    ]
+def _episode_ends(runner: EnvRunner) -> Callable[[], list[_Ended]]:
+    """Single-agent: the complete episodes the next sample ends (as ``sample_episodes``
+    sees them: never a faulty one), in start order."""
+    episodes = runner.state.episodes
+
+    def next_ends() -> list[_Ended]:
+        # sample_once, not sample(): that would drop the episodes under way.
+        done = [e for e in episodes.complete(sample_once(runner).split_episodes()) if not e.faulty]
+        done.sort(key=episodes.order)
+        return [(e.env_id, e.total_return, e.length, {}, e) for e in done]
+
+    return next_ends
 
 
-def _env_episode_ends(runner: EnvRunner) -> Callable[[int], list[_Ended]]:
+def _env_episode_ends(runner: EnvRunner) -> Callable[[], list[_Ended]]:
     """Multi-agent: the env episodes the next sample ends, summed from its agents' slots;
     never a faulty one (cut by a failed step of its env)."""
     agents = list(runner.envs.possible_agents)
     running = [(0.0, 0, dict.fromkeys(agents, 0.0)) for _ in range(runner.envs.num_envs)]
 
-    def next_ends(missing: int) -> list[_Ended]:
+    def next_ends() -> list[_Ended]:
         traj = runner.sample()
         per_agent = {}  # agent -> its rewards completed at each [t, b]
         for pid, group in traj.groups.items():
