@@ -13,7 +13,8 @@ import numpy as np
 from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers
 from jaxrunner._src.core.multi_agent_trajectory import GroupTrajectory
 from jaxrunner._src.core.policy import Params
-from jaxrunner._src.samplers.group_step import GroupSampler, RowsPart, tree_leaves
+from jaxrunner._src.samplers.group_step import GroupSampler, RowsPart
+from jaxrunner._src.samplers.leaf_writes import put_rows, tree_leaves
 from jaxrunner._src.samplers.policy_step import CompiledPolicyStep, Stage
 
 
@@ -117,14 +118,3 @@ class GroupRows:
         traj.reward[index] = out.reward[sel]
         traj.terminated[index] = out.terminated[sel]
         traj.truncated[index] = out.truncated[sel]
-
-
-def put_rows(dsts: list[np.ndarray], srcs: list[np.ndarray], index: Any, mask: Any) -> None:
-    """Leaf by leaf, ``dst[index] = src`` (fancy ``index``) where ``mask`` (None:
-    everywhere; it covers the leading axes of ``src``)."""
-    for dst, src in zip(dsts, srcs):
-        if mask is None:
-            dst[index] = src
-        else:
-            where = mask.reshape(*mask.shape, *([1] * (src.ndim - mask.ndim)))
-            dst[index] = np.where(where, src, dst[index])

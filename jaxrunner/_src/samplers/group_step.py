@@ -19,6 +19,7 @@ from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.samplers.episode_ids import agent_episode_ends
 from jaxrunner._src.samplers.info_arrays import InfoRecorder, policy_extras
 from jaxrunner._src.samplers.kept_programs import kept_for, packing_layout
+from jaxrunner._src.samplers.leaf_writes import put_leaves, tree_leaves
 from jaxrunner._src.samplers.multi_agent_state import GroupState
 from jaxrunner._src.samplers.policy_step import CompiledPolicyStep, Stage, host_actor_state
 
@@ -188,8 +189,8 @@ class GroupSampler:
         np.copyto(self.awaiting, state.awaiting)
         pending = (state.pending_obs, state.pending_action, list(state.pending_extras))
         for dsts, tree in zip(self.pending_leaves, pending):
-            _put(dsts, tree_leaves(tree), None, None)
-        _put(tree_leaves(last.obs), tree_leaves(state.obs), None, None)
+            put_leaves(dsts, tree_leaves(tree), None, None)
+        put_leaves(tree_leaves(last.obs), tree_leaves(state.obs), None, None)
         np.copyto(last.acting, state.acting)
         np.copyto(last.agent_start, state.agent_start)
 
@@ -251,7 +252,7 @@ class GroupSampler:
             for dst, src in zip(obs_dst, obs):  # before the send: the env's buffers
                 dst[index] = src
         else:
-            _put(obs_dst, obs, index, mask)
+            put_leaves(obs_dst, obs, index, mask)
         self._unrecorded = (action_dst, tree_leaves(action), extras_dst, extras, index, mask)
         if not self.same_step:
             awaiting = self.awaiting[block.rows]
@@ -269,8 +270,8 @@ class GroupSampler:
             for dst, src in zip(extras_dst, extras):
                 dst[index] = src
         else:
-            _put(action_dst, action, index, mask)
-            _put(extras_dst, extras, index, mask)
+            put_leaves(action_dst, action, index, mask)
+            put_leaves(extras_dst, extras, index, mask)
 
     def record(self, out: GroupBuffers, traj: GroupTrajectory, lo: int, hi: int, t: int) -> None:
         """Writes the transitions of envs ``[lo, hi)`` completed at their step ``t`` into
@@ -299,12 +300,12 @@ class GroupSampler:
             mask = None if everyone else done
             if not self.same_step:
                 pending_obs, pending_action, pending_extras = self._pending_rows(lo, hi)
-                _put(obs, pending_obs, index, mask)
-                _put(action, pending_action, index, mask)
-                _put(extras, pending_extras, index, mask)
+                put_leaves(obs, pending_obs, index, mask)
+                put_leaves(action, pending_action, index, mask)
+                put_leaves(extras, pending_extras, index, mask)
                 self.awaiting[rows] &= ~done
             out_rows = out.next_obs_rows if self.always_acting else out.next_obs
-            _put(next_obs, tree_leaves(out_rows), index, mask)
+            put_leaves(next_obs, tree_leaves(out_rows), index, mask)
             traj.valid[index] = done  # agent_step is filled in at close()
         traj.reward[index] = out.reward
         traj.terminated[index] = out.terminated
@@ -388,29 +389,6 @@ class GroupSampler:
         return dropped
 
 
-def _put(
-    dsts: list[np.ndarray], srcs: list[np.ndarray], index: Any, mask: np.ndarray | None
-) -> None:
-    """Leaf by leaf, ``dst[index] = src`` (``dst`` itself where ``index`` is None)
-    where ``mask`` (None: everywhere; it covers the leading axes)."""
-    for dst, src in zip(dsts, srcs):
-        if mask is not None:
-            view = dst if index is None else dst[index]
-            where = mask
-            if view.ndim > mask.ndim:
-                where = mask.reshape(*mask.shape, *([1] * (view.ndim - mask.ndim)))
-            np.copyto(view, src, where=where)
-        elif index is None:
-            dst[...] = src
-        else:
-            dst[index] = src  # a setitem: no view made
-
-
 def _zeros(spec: Any, shape: tuple[int, ...]) -> Any:
     """Zeroed ``[*shape, ...]`` arrays for ``spec``'s ``[rows, ...]`` leaves."""
     return jax.tree.map(lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), spec)
-
-
-def tree_leaves(tree: Any) -> list[np.ndarray]:
-    """The arrays of a pytree (a lone array without a tree walk)."""
-    return [tree] if isinstance(tree, np.ndarray) else jax.tree.leaves(tree)
