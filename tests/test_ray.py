@@ -366,7 +366,7 @@ def local_runner(group: jr.EnvRunnerGroup, index: int, incarnation: int, params:
 def test_group_metrics_sum_every_counter_its_runners_report(kind):
     """EnvRunnerGroup.get_metrics's sums, from two local runners' get_metrics() (multi-agent:
     agent steps, dropped agent steps and unassigned reward, as the env steps are)."""
-    from jaxrunner._src.services.distributed.group import aggregate_metrics
+    from jaxrunner._src.services.distributed.group_metrics import aggregate_metrics
 
     runs = {}
     for index in range(2):

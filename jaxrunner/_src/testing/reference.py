@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium
 from gymnasium.vector import AutoresetMode
 
+EnvKind = Literal["gymnasium", "parallel", "aec"]
+"""A kind of host env: gymnasium, PettingZoo parallel, PettingZoo AEC (turn-based)."""
 ONE_AGENT = "agent"
 """The agent id of a gymnasium env, the one-agent case."""
 

@@ -10,7 +10,6 @@ from typing import Any
 
 import gymnasium
 import jax
-import numpy as np
 
 from jaxrunner._src.backends.ray import import_ray
 from jaxrunner._src.connectors.moments import Moments, merge_all
@@ -18,6 +17,7 @@ from jaxrunner._src.core.policy import Params
 from jaxrunner._src.core.time_major import concatenate_envs
 from jaxrunner._src.core.trajectory import Trajectory
 from jaxrunner._src.services.distributed.config import EnvRunnerGroupConfig, PolicyFactory
+from jaxrunner._src.services.distributed.group_metrics import aggregate_metrics
 from jaxrunner._src.services.distributed.worker import RunnerWorker
 from jaxrunner.errors import InvalidArgumentError, RemoteTimeoutError, RunnerFailedError
 
@@ -368,49 +368,6 @@ def _merged(statistics: Any, deltas: list[Any]) -> Any:
         base = statistics or {}
         return {pid: _merged(base.get(pid), [delta[pid] for delta in deltas]) for pid in deltas[0]}
     return merge_all([*([] if statistics is None else [statistics]), *deltas])
-
-
-def aggregate_metrics(per_runner: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
-    """Group metrics from runners' ``get_metrics()``: counters and rates summed, episode
-    statistics and perf timers averaged; ``policies`` and ``agents`` entries alike."""
-    runs = list(per_runner.values())
-    if not runs:
-        return {}
-    out = _aggregate(runs)
-    out["env_steps_per_s"] = float(sum(m.get("env_steps_per_s", 0.0) for m in runs))
-    perf_keys = set().union(*(m.get("perf", {}) for m in runs))
-    out["perf"] = {
-        k: float(np.mean([m["perf"][k] for m in runs if k in m.get("perf", {})]))
-        for k in sorted(perf_keys)
-    }
-    for part in ("policies", "agents"):
-        if part in runs[0]:
-            out[part] = {
-                key: _aggregate([m[part][key] for m in runs if key in m.get(part, {})])
-                for key in runs[0][part]
-            }
-    return out
-
-
-def _aggregate(runs: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """The counters (those ``runs[0]`` has) summed, the episode statistics averaged."""
-    counters = ("num_env_steps", "num_episodes", "num_faulty_episodes", "num_dropped_steps")
-    counters += ("num_agent_steps", "num_dropped_agent_steps")
-    out: dict[str, Any] = {
-        key: sum(int(m.get(key, 0)) for m in runs) for key in counters if key in runs[0]
-    }
-    if "unassigned_reward" in runs[0]:
-        out["unassigned_reward"] = float(sum(m.get("unassigned_reward", 0.0) for m in runs))
-    with np.errstate(all="ignore"):
-        for key, fn in (
-            ("episode_return_mean", np.nanmean),
-            ("episode_length_mean", np.nanmean),
-            ("episode_return_min", np.nanmin),
-            ("episode_return_max", np.nanmax),
-        ):
-            values = [m.get(key, float("nan")) for m in runs]
-            out[key] = float(fn(values)) if not np.all(np.isnan(values)) else float("nan")
-    return out
 
 
 def _kill(ray: Any, actor: Any) -> None:
