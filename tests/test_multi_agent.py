@@ -110,6 +110,25 @@ def test_parallel_matches_env_stepped_by_hand(factory):
         assert runner.get_metrics()["unassigned_reward"] == unassigned
 
 
+@pytest.mark.parametrize(
+    ("factory", "masked"), [(envs_mod.simple_spread, False), (envs_mod.connect_four, True)]
+)
+def test_actions_are_recorded_in_the_envs_dtype_as_a_single_agents_are(factory, masked):
+    """The policy computes int32 (JAX's default); each group records what its env got,
+    Discrete's int64, as a single-agent env's trajectory does."""
+    envs = jr.make_multi_agent_vec(factory, 2)
+    n = envs.groups[0].action_space.n
+    with jr.EnvRunner(envs, random_policy(n, masked), zero_params(n), 4, seed=0) as runner:
+        traj = runner.sample()
+        episodes = runner.sample_episodes(1)
+    for g in envs.groups:
+        assert traj.groups[g.policy_id].action.dtype == g.action_space.dtype == np.int64
+    assert episodes[0].action.dtype == np.int64
+    single = jr.make_vec("CartPole-v1", 2)
+    with jr.EnvRunner(single, random_policy(2), zero_params(2), 4, seed=0) as runner:
+        assert runner.sample().action.dtype == single.single_action_space.dtype
+
+
 def test_agents_that_leave_get_no_transition_and_rewards_are_kept():
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
     runner = jr.EnvRunner(envs, random_policy(3), zero_params(3), 16, seed=0)

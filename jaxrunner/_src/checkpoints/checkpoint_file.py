@@ -298,6 +298,7 @@ class CheckpointFile(CheckpointReader):
         meta = self._check_episode_meta(meta, where, next_id)
         if not self.per_agent:
             steps = self.read_steps(npz, where, base, meta, specs[DEFAULT_POLICY_ID], most)
+            steps["action"] = self._as_recorded(DEFAULT_POLICY_ID, steps["action"])
             return Episode(**steps, **{f: meta[f] for f in self.scalars})
         agents = {g.policy_id: g.agents for g in self.parts.groups}
         pid = meta["policy_id"]
@@ -309,10 +310,20 @@ class CheckpointFile(CheckpointReader):
                 f"{list(agents[pid])}"
             )
         steps = self.read_steps(npz, where, base, meta, specs[pid], most)
+        steps["action"] = self._as_recorded(pid, steps["action"])
         name = f"{base}/env_step"
         env_step = npz.read(name, name, "i", leading((), np.dtype(np.int64), len(steps["reward"])))
         self.require((env_step >= 0).all(), name, "negative")
         return AgentEpisode(**steps, env_step=env_step, **{f: meta[f] for f in self.scalars})
+
+    def _as_recorded(self, policy_id: str, action: Any) -> Any:
+        """Policy ``policy_id``'s kept actions as this runner records them: a host sampler
+        in the env's dtypes (earlier multi-agent runners kept the policy's: int32 for a
+        Discrete space's int64), a pure-JAX env's scan as its policy gives them."""
+        if holds_env_states(self.parts):
+            return action
+        space = next(g.action_space for g in self.parts.groups if g.policy_id == policy_id)
+        return space_arrays.as_space_dtypes(space, action)
 
     def _check_episode_meta(self, meta: Any, where: str, next_id: int) -> dict[str, Any]:
         """A kept episode's JSON: an object of its scalar fields and its paths and extras,

@@ -321,11 +321,8 @@ class GroupSampler:
             self.infos.allocate(extras, shape)
         return GroupTrajectory(
             obs=space_arrays.allocate(space, shape),
-            action=(
-                space_arrays.allocate(self.group.action_space, shape)  # as the env's dtype
-                if self.always_acting
-                else _zeros(self.action_spec, shape)
-            ),
+            # The env's dtype (int64 for Discrete), whatever the policy's: what the env got.
+            action=space_arrays.allocate(self.group.action_space, shape),
             reward=np.zeros(shape, np.float64),
             terminated=np.zeros(shape, np.bool_),
             truncated=np.zeros(shape, np.bool_),
