@@ -15,9 +15,9 @@ from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv, check_seed_count
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.capabilities import Capabilities
+from jaxrunner._src.backends.gymnasium_sub_envs import GymnasiumSubEnvs
 from jaxrunner._src.backends.in_process import InProcessSends
 from jaxrunner._src.backends.masked_reset import MaskedReset, masked_reset_for
-from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 from jaxrunner._src.backends.vector_infos import (
     EMPTY_RESET_INFOS,
     ResetInfos,
@@ -47,7 +47,7 @@ def _gymnasium_seed(seeds: Sequence[int | None]) -> int | list[int | None] | Non
     return seeds
 
 
-class GymnasiumVectorEnv(InProcessSends, VectorEnv):
+class GymnasiumVectorEnv(InProcessSends, GymnasiumSubEnvs, VectorEnv):
     """Adopts a gymnasium ``VectorEnv`` (semantics: docs/backends/gymnasium.md).
 
     Every ``step_batch`` steps the wrapped env once with the whole action batch. The
@@ -293,70 +293,6 @@ class GymnasiumVectorEnv(InProcessSends, VectorEnv):
 
     def _obs_buffer(self) -> Any:
         return self._obs
-
-    def render(self) -> Any:
-        self._check_open("render")
-        return self.env.render()
-
-    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        self._check_open("call")
-        return self.env.call(name, *args, **kwargs)
-
-    def get_attr(self, name: str) -> Any:
-        self._check_open("get_attr")
-        return self.env.get_attr(name)
-
-    def set_attr(self, name: str, values: Any) -> None:
-        self._check_open("set_attr")
-        self.env.set_attr(name, values)
-
-    def get_sub_environments(self) -> list[Any]:
-        """A wrapped ``SyncVectorEnv``'s sub-envs themselves, a
-        :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` per sub-env of an
-        ``AsyncVectorEnv``; refused for any other (natively vectorized) vector env."""
-        self._check_open("get_sub_environments")
-        inner = self.env.unwrapped
-        if isinstance(inner, gymnasium.vector.SyncVectorEnv):
-            return list(inner.envs)
-        if isinstance(inner, gymnasium.vector.AsyncVectorEnv):
-            return [SubEnvHandle(self, i) for i in range(inner.num_envs)]
-        raise InvalidArgumentError(
-            f"get_sub_environments(): the adopted {type(inner).__name__} steps its envs as one "
-            "batch and has no sub-env objects to return (only gymnasium's SyncVectorEnv and "
-            "AsyncVectorEnv have them). Use its call/get_attr/set_attr where it has them, or "
-            "make_vec(..., backend='sync') with the env's factory for per-sub-env access."
-        )
-
-    def _sub_env_request(self, index: int, method: str, args: tuple) -> Any:
-        """A sub-env handle's request, sent to worker ``index`` of the ``AsyncVectorEnv``
-        alone as its ``call``/``set_attr`` sends it to every worker."""
-        self._check_open(f"get_sub_environments()[{index}].{method}")
-        inner = self.env.unwrapped
-        if method == "set_attr":
-            command, data = "_setattr", args
-        elif method == "call":
-            command, data = "_call", args
-        else:  # get_attr and render: a call of that name, as AsyncVectorEnv does
-            command, data = "_call", (args[0] if method == "get_attr" else "render", (), {})
-        pipe = inner.parent_pipes[index]
-        if pipe is None:
-            raise InvalidArgumentError(
-                f"get_sub_environments()[{index}].{method}(): the AsyncVectorEnv's worker of "
-                f"sub-env {index} has ended (gymnasium ends a worker after an error); build a "
-                "new vector env."
-            )
-        pipe.send((command, data))
-        result, ok = pipe.recv()
-        if ok:
-            return result
-        # As AsyncVectorEnv does: the worker queued its error and ended; its pipe is closed.
-        _, error_type, error, trace = inner.error_queue.get()
-        pipe.close()
-        inner.parent_pipes[index] = None
-        if not isinstance(error, BaseException):
-            error = error_type(error)
-        error.add_note(f"jaxrunner: raised in AsyncVectorEnv worker {index}:\n{trace}")
-        raise error
 
     def _close_backend(self) -> None:
         self.env.close()
