@@ -3,7 +3,7 @@ jaxrunner's SAME_STEP contract. See docs/backends/gymnasium.md."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium
@@ -25,14 +25,9 @@ from jaxrunner._src.backends.vector_infos import (
     same_step_infos,
 )
 from jaxrunner._src.backends.vector_wrappers import vector_wrapper_hint
+from jaxrunner._src.backends.wrapped_outputs import WrappedOutputs
 from jaxrunner._src.space_arrays.checks import check_finite_observations
-from jaxrunner.errors import (
-    EnvError,
-    InvalidArgumentError,
-    InvalidArgumentTypeError,
-    InvalidStepError,
-    SpaceMismatchError,
-)
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, InvalidStepError
 
 
 def _gymnasium_seed(seeds: Sequence[int | None]) -> int | list[int | None] | None:
@@ -47,7 +42,7 @@ def _gymnasium_seed(seeds: Sequence[int | None]) -> int | list[int | None] | Non
     return seeds
 
 
-class GymnasiumVectorEnv(InProcessSends, GymnasiumSubEnvs, VectorEnv):
+class GymnasiumVectorEnv(InProcessSends, GymnasiumSubEnvs, WrappedOutputs, VectorEnv):
     """Adopts a gymnasium ``VectorEnv`` (semantics: docs/backends/gymnasium.md).
 
     Every ``step_batch`` steps the wrapped env once with the whole action batch. The
@@ -218,78 +213,10 @@ class GymnasiumVectorEnv(InProcessSends, GymnasiumSubEnvs, VectorEnv):
         """The wrapped env's ``step(actions)`` (an adapter over faster calls overrides it)."""
         return self._call("step", self.env.step, actions)
 
-    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except InvalidArgumentError:
-            raise
-        except Exception as err:
-            raise EnvError(
-                f"the wrapped {type(self.env).__name__} raised in {what}(): {err!r}", -1
-            ) from err
-
     def _check_actions(self, actions: Any) -> Any:
         """The whole batch validated (composites as given)."""
         checked = self._action_check(actions)
         return actions if self._composite_actions else checked
-
-    def _store(self, dst: Any, obs: Any, call: str) -> None:
-
-        def check(buffer: np.ndarray, value: Any) -> None:
-            if (
-                not isinstance(value, np.ndarray)
-                or value.dtype != buffer.dtype
-                or value.shape != buffer.shape
-            ):
-                raise space_arrays.mismatch(
-                    f"the wrapped {type(self.env).__name__} returned observations from {call}()",
-                    f"an ndarray of dtype {buffer.dtype} and shape {buffer.shape} (its space)",
-                    value,
-                    f"{space_arrays.NEVER_CAST}: fix the env or wrap it.",
-                )
-            buffer[...] = value
-
-        try:
-            space_arrays.map_structure(self.single_observation_space, check, dst, obs)
-        except (KeyError, IndexError, TypeError) as err:
-            raise SpaceMismatchError(
-                f"the wrapped {type(self.env).__name__} returned observations from {call}() "
-                f"that do not match {self.single_observation_space}: {err!r}"
-            ) from err
-
-    def _store_rows(self, dst: Any, obs: Any, indices: np.ndarray, call: str) -> None:
-        sub = space_arrays.allocate(self.single_observation_space, (len(indices),))
-        self._store(sub, obs, call)
-        space_arrays.copy_into(self.single_observation_space, dst, sub, indices)
-
-    def _store_flags(self, reward: Any, terminated: Any, truncated: Any) -> None:
-        n, name = self.num_envs, type(self.env).__name__
-        reward = np.asarray(reward)
-        if reward.shape != (n,) or reward.dtype.kind not in "iuf":
-            raise InvalidStepError(
-                f"the wrapped {name} returned rewards of dtype {reward.dtype} and shape "
-                f"{reward.shape}; expected {n} real numbers."
-            )
-        self._reward[:] = reward
-        if not np.isfinite(self._reward).all():
-            bad = int(np.flatnonzero(~np.isfinite(self._reward))[0])
-            raise InvalidStepError(
-                f"the wrapped {name} returned a non-finite reward ({self._reward[bad]}) for "
-                f"sub-env {bad}; expected finite floats."
-            )
-        for flag, dst in (("terminated", self._terminated), ("truncated", self._truncated)):
-            value = terminated if flag == "terminated" else truncated
-            if not isinstance(value, np.ndarray) or value.dtype != np.bool_ or value.shape != (n,):
-                got = (
-                    f"an array of dtype {value.dtype} and shape {value.shape}"
-                    if isinstance(value, np.ndarray)
-                    else type(value).__name__
-                )
-                raise InvalidStepError(
-                    f"the wrapped {name} returned {flag} as {got}; expected a bool array of "
-                    f"shape ({n},)."
-                )
-            dst[:] = value
 
     def _obs_buffer(self) -> Any:
         return self._obs
