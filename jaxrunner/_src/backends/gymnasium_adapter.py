@@ -3,7 +3,7 @@ jaxrunner's SAME_STEP contract. See docs/backends/gymnasium.md."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium
@@ -15,59 +15,19 @@ from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv, check_seed_count
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.capabilities import Capabilities
+from jaxrunner._src.backends.gymnasium_sub_envs import GymnasiumSubEnvs
 from jaxrunner._src.backends.in_process import InProcessSends
-from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.backends.masked_reset import MaskedReset, masked_reset_for
-from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 from jaxrunner._src.backends.vector_infos import (
     EMPTY_RESET_INFOS,
     ResetInfos,
     SplitInfos,
     same_step_infos,
 )
+from jaxrunner._src.backends.vector_wrappers import vector_wrapper_hint
+from jaxrunner._src.backends.wrapped_outputs import WrappedOutputs
 from jaxrunner._src.space_arrays.checks import check_finite_observations
-from jaxrunner.errors import (
-    EnvError,
-    InvalidArgumentError,
-    InvalidArgumentTypeError,
-    InvalidStepError,
-    SpaceMismatchError,
-)
-
-# What replaces each of gymnasium's vector wrappers on a runner (which steps its envs
-# itself, so a wrapper's step would never run).
-REPLACEMENTS = {
-    "NormalizeObservation": "the connector jaxrunner.connectors.NormalizeObservation()",
-    "NormalizeReward": "the connector jaxrunner.connectors.ScaleReward()",
-    "FrameStackObservation": "the connector jaxrunner.connectors.FrameStack(n)",
-    "ClipAction": "nothing: Box actions are clipped for the env already (the trajectory "
-    "keeps them as sampled)",
-    "RescaleAction": "the connector jaxrunner.connectors.RescaleActions()",
-    "RecordEpisodeStatistics": "runner.get_metrics() (episode_return_mean, "
-    "episode_length_mean) and traj.split_episodes()",
-    "DictInfoToList": "EnvRunner(..., info_keys=[...]) (infos as [T, B] arrays)",
-}
-
-
-def vector_wrapper_hint(envs: Any) -> str:
-    """What to do with gymnasium vector wrappers around a vector env: unwrap them, and
-    which connector or runner feature replaces each."""
-    names = []
-    inner = envs
-    while isinstance(inner, gymnasium.vector.VectorWrapper):
-        names.append(type(inner).__name__)
-        inner = inner.env
-    other = "the wrapper on each sub-env inside its factory (gymnasium.wrappers) or a connector"
-    fixes = [f"{name} -> {REPLACEMENTS.get(name, other)}" for name in names]
-    unwrap = (
-        "pass the jaxrunner vector env itself (envs.unwrapped)"
-        if isinstance(inner, (VectorEnv, JaxVectorEnv))
-        else "pass jaxrunner.from_gymnasium(envs.unwrapped) (the gymnasium vector env under them)"
-    )
-    return (
-        f"The runner steps its envs itself, so gymnasium vector wrappers ({', '.join(names)}) "
-        f"would never run: {unwrap}, and replace {'; '.join(fixes)}."
-    )
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, InvalidStepError
 
 
 def _gymnasium_seed(seeds: Sequence[int | None]) -> int | list[int | None] | None:
@@ -82,7 +42,7 @@ def _gymnasium_seed(seeds: Sequence[int | None]) -> int | list[int | None] | Non
     return seeds
 
 
-class GymnasiumVectorEnv(InProcessSends, VectorEnv):
+class GymnasiumVectorEnv(InProcessSends, GymnasiumSubEnvs, WrappedOutputs, VectorEnv):
     """Adopts a gymnasium ``VectorEnv`` (semantics: docs/backends/gymnasium.md).
 
     Every ``step_batch`` steps the wrapped env once with the whole action batch. The
@@ -253,145 +213,13 @@ class GymnasiumVectorEnv(InProcessSends, VectorEnv):
         """The wrapped env's ``step(actions)`` (an adapter over faster calls overrides it)."""
         return self._call("step", self.env.step, actions)
 
-    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except InvalidArgumentError:
-            raise
-        except Exception as err:
-            raise EnvError(
-                f"the wrapped {type(self.env).__name__} raised in {what}(): {err!r}", -1
-            ) from err
-
     def _check_actions(self, actions: Any) -> Any:
         """The whole batch validated (composites as given)."""
         checked = self._action_check(actions)
         return actions if self._composite_actions else checked
 
-    def _store(self, dst: Any, obs: Any, call: str) -> None:
-
-        def check(buffer: np.ndarray, value: Any) -> None:
-            if (
-                not isinstance(value, np.ndarray)
-                or value.dtype != buffer.dtype
-                or value.shape != buffer.shape
-            ):
-                raise space_arrays.mismatch(
-                    f"the wrapped {type(self.env).__name__} returned observations from {call}()",
-                    f"an ndarray of dtype {buffer.dtype} and shape {buffer.shape} (its space)",
-                    value,
-                    f"{space_arrays.NEVER_CAST}: fix the env or wrap it.",
-                )
-            buffer[...] = value
-
-        try:
-            space_arrays.map_structure(self.single_observation_space, check, dst, obs)
-        except (KeyError, IndexError, TypeError) as err:
-            raise SpaceMismatchError(
-                f"the wrapped {type(self.env).__name__} returned observations from {call}() "
-                f"that do not match {self.single_observation_space}: {err!r}"
-            ) from err
-
-    def _store_rows(self, dst: Any, obs: Any, indices: np.ndarray, call: str) -> None:
-        sub = space_arrays.allocate(self.single_observation_space, (len(indices),))
-        self._store(sub, obs, call)
-        space_arrays.copy_into(self.single_observation_space, dst, sub, indices)
-
-    def _store_flags(self, reward: Any, terminated: Any, truncated: Any) -> None:
-        n, name = self.num_envs, type(self.env).__name__
-        reward = np.asarray(reward)
-        if reward.shape != (n,) or reward.dtype.kind not in "iuf":
-            raise InvalidStepError(
-                f"the wrapped {name} returned rewards of dtype {reward.dtype} and shape "
-                f"{reward.shape}; expected {n} real numbers."
-            )
-        self._reward[:] = reward
-        if not np.isfinite(self._reward).all():
-            bad = int(np.flatnonzero(~np.isfinite(self._reward))[0])
-            raise InvalidStepError(
-                f"the wrapped {name} returned a non-finite reward ({self._reward[bad]}) for "
-                f"sub-env {bad}; expected finite floats."
-            )
-        for flag, dst in (("terminated", self._terminated), ("truncated", self._truncated)):
-            value = terminated if flag == "terminated" else truncated
-            if not isinstance(value, np.ndarray) or value.dtype != np.bool_ or value.shape != (n,):
-                got = (
-                    f"an array of dtype {value.dtype} and shape {value.shape}"
-                    if isinstance(value, np.ndarray)
-                    else type(value).__name__
-                )
-                raise InvalidStepError(
-                    f"the wrapped {name} returned {flag} as {got}; expected a bool array of "
-                    f"shape ({n},)."
-                )
-            dst[:] = value
-
     def _obs_buffer(self) -> Any:
         return self._obs
-
-    def render(self) -> Any:
-        self._check_open("render")
-        return self.env.render()
-
-    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        self._check_open("call")
-        return self.env.call(name, *args, **kwargs)
-
-    def get_attr(self, name: str) -> Any:
-        self._check_open("get_attr")
-        return self.env.get_attr(name)
-
-    def set_attr(self, name: str, values: Any) -> None:
-        self._check_open("set_attr")
-        self.env.set_attr(name, values)
-
-    def get_sub_environments(self) -> list[Any]:
-        """A wrapped ``SyncVectorEnv``'s sub-envs themselves, a
-        :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` per sub-env of an
-        ``AsyncVectorEnv``; refused for any other (natively vectorized) vector env."""
-        self._check_open("get_sub_environments")
-        inner = self.env.unwrapped
-        if isinstance(inner, gymnasium.vector.SyncVectorEnv):
-            return list(inner.envs)
-        if isinstance(inner, gymnasium.vector.AsyncVectorEnv):
-            return [SubEnvHandle(self, i) for i in range(inner.num_envs)]
-        raise InvalidArgumentError(
-            f"get_sub_environments(): the adopted {type(inner).__name__} steps its envs as one "
-            "batch and has no sub-env objects to return (only gymnasium's SyncVectorEnv and "
-            "AsyncVectorEnv have them). Use its call/get_attr/set_attr where it has them, or "
-            "make_vec(..., backend='sync') with the env's factory for per-sub-env access."
-        )
-
-    def _sub_env_request(self, index: int, method: str, args: tuple) -> Any:
-        """A sub-env handle's request, sent to worker ``index`` of the ``AsyncVectorEnv``
-        alone as its ``call``/``set_attr`` sends it to every worker."""
-        self._check_open(f"get_sub_environments()[{index}].{method}")
-        inner = self.env.unwrapped
-        if method == "set_attr":
-            command, data = "_setattr", args
-        elif method == "call":
-            command, data = "_call", args
-        else:  # get_attr and render: a call of that name, as AsyncVectorEnv does
-            command, data = "_call", (args[0] if method == "get_attr" else "render", (), {})
-        pipe = inner.parent_pipes[index]
-        if pipe is None:
-            raise InvalidArgumentError(
-                f"get_sub_environments()[{index}].{method}(): the AsyncVectorEnv's worker of "
-                f"sub-env {index} has ended (gymnasium ends a worker after an error); build a "
-                "new vector env."
-            )
-        pipe.send((command, data))
-        result, ok = pipe.recv()
-        if ok:
-            return result
-        # As AsyncVectorEnv does: the worker queued its error and ended; its pipe is closed.
-        _, error_type, error, trace = inner.error_queue.get()
-        pipe.close()
-        inner.parent_pipes[index] = None
-        if not isinstance(error, BaseException):
-            error = error_type(error)
-        error.add_note(f"jaxrunner: raised in AsyncVectorEnv worker {index}:\n{trace}")
-        raise error
 
     def _close_backend(self) -> None:
         self.env.close()
