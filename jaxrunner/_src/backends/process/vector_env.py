@@ -19,6 +19,7 @@ from jaxrunner._src.backends.process.transport import ProcessTransport, Report
 from jaxrunner._src.backends.remote_sub_envs import RemoteSubEnvs
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
 from jaxrunner._src.backends.sub_env_block import EnvFactory
+from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ class ProcessBackend(RemoteSubEnvs):
     # one): the workers step one split while the main process computes the other's actions.
     capabilities = Capabilities(can_restart=True, steps_in_background=True, pipeline_splits=2)
     _reset_call: ClassVar[str]  # the reset call users make, as closed-env errors name it
+    groups: tuple[AgentGroup, ...]  # the kind's: a VectorEnv's one, or the layout's
 
     def _start(
         self,
