@@ -15,16 +15,18 @@ import numpy as np
 
 from jaxrunner._src.backends.snapshots import SnapshotRefusedError
 from jaxrunner._src.checkpoints.checkpoint_file import (
-    EPISODE_SCALARS,
     FORMAT,
     VERSION,
     Checkpoint,
     CheckpointFile,
-    holds_env_states,
     identity,
-    kept_episodes,
 )
 from jaxrunner._src.checkpoints.format import META, Part, array_name, is_key, path_leaves
+from jaxrunner._src.checkpoints.kept_episodes import (
+    EPISODE_SCALARS,
+    holds_env_states,
+    kept_episodes,
+)
 from jaxrunner._src.checkpoints.live_episodes import put_live_episodes
 from jaxrunner._src.core.runner_state import RunnerParts
 from jaxrunner._src.core.seeds import env_seeds
