@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 TWO_SPLITS_MIN_ROWS = 16
 """Rows (sub-envs times agents) from which two splits pay on a CPU host: CartPole one
 split 1.10x two at 8 envs, two 1.24-1.36x one at 16 to 64
-(benchmarks/results/splits_process_cartpole_widths_cpu.json); MPE's 3 agents at 8 envs
-one split 0.95x two (results/ab_revision_process_splits_by_envs_cpu.json)."""
+(benchmarks/results/splits_process_cartpole_widths_cpu.json); MPE's 3 agents keep their
+two at 8 envs (one split ran 0.95x there, within this host's noise)."""
 
 
 class ProcessBackend(RemoteSubEnvs):
