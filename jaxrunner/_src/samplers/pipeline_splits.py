@@ -59,9 +59,9 @@ def group_cost(group: AgentGroup, setup: SamplerSetup, num_envs: int) -> GroupCo
 def default_num_splits(envs: Stepped, costs: Sequence[GroupCost] = ()) -> int:
     """The backend's own split where it declares one; else one on an accelerator (one
     split beat two in every row measured on an H200, sync and process, 8 to 256 envs:
-    benchmarks/results/splits_*_gpu.json) and where CPU calls block; else the backend's
-    declared number, else 2 from :data:`PIPELINE_MIN_ENVS`. Fewer where the splits'
-    padding to whole policy chunks would cost the groups (``costs``) more than
+    benchmarks/results/splits_*_gpu.json). On a CPU host: the backend's declared number,
+    else one where calls block, else 2 from :data:`PIPELINE_MIN_ENVS`; fewer where the
+    splits' padding to whole policy chunks would cost the groups (``costs``) more than
     :data:`CHUNK_FLOPS` (an unknown cost counting as more): then only whole chunks (a
     NatureCNN's two splits of 4 envs computed 16 rows, 0.72x)."""
     num_envs, capabilities = envs.num_envs, envs.capabilities
