@@ -144,7 +144,7 @@ def shared_process_vec():
 @pytest.mark.parametrize("num_splits", [None, 2])
 def test_runner_equal_to_sync_whatever_the_groups(sync_reference, shared_process_vec, num_splits):
     runner = _runner(shared_process_vec, num_splits=num_splits)  # not stopped: vec is shared
-    if num_splits is None:  # the default below TWO_SPLITS_MIN_ENVS: one split
+    if num_splits is None:  # the default below TWO_SPLITS_MIN_ROWS: one split
         assert runner.sampler.splits == [slice(0, 7)]
     else:
         assert runner.sampler.splits == [slice(0, 4), slice(4, 7)]
