@@ -13,7 +13,7 @@ from gymnasium.vector import AutoresetMode
 
 from jaxrunner._src.testing.assertions import assert_trees_equal
 from jaxrunner._src.testing.envs import CountingEnv, counting_env_fns
-from jaxrunner._src.testing.reference import gymnasium_reference
+from jaxrunner._src.testing.reference import ContractParts, gymnasium_reference
 
 
 def _gymnasium_only(test: Callable) -> Callable:
@@ -22,17 +22,9 @@ def _gymnasium_only(test: Callable) -> Callable:
     return test
 
 
-class GymnasiumVectorApiContract:
+class GymnasiumVectorApiContract(ContractParts):
     """The checks on gymnasium envs listed last in
     :class:`~jaxrunner._src.testing.contract.VectorEnvContract`'s docstring."""
-
-    num_envs: int
-    seed: int
-    num_steps: int
-    kind: Any
-    _make: Callable[..., Any]
-    _fns: Callable[..., Any]
-    env_cases: Callable[[], dict[str, Any]]
 
     def _gymnasium_parity(
         self, vec: Any, ref: Any, name: str, num_steps: int, *, require_end: bool = True

@@ -17,6 +17,22 @@ ONE_AGENT = "agent"
 """The agent id of a gymnasium env, the one-agent case."""
 
 
+class ContractParts:
+    """What the contract's mixins take from
+    :class:`~jaxrunner._src.testing.contract.VectorEnvContract`: its settings and helpers."""
+
+    num_envs: int
+    seed: int
+    num_steps: int
+    kind: Any
+    _make: Callable[..., Any]
+    _fns: Callable[..., Any]
+    _basic: Callable[..., Any]
+    _seeds: Callable[[int], list[int | None]]
+    _reset: Callable[..., Any]
+    env_cases: Callable[[], dict[str, Any]]
+
+
 def gymnasium_reference(env_fns: Sequence[Callable[[], Any]]) -> gymnasium.vector.SyncVectorEnv:
     """gymnasium's SyncVectorEnv with SAME_STEP autoreset: what every backend must equal."""
     return gymnasium.vector.SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP)

@@ -5,7 +5,6 @@ to, refused a bad action and restarted exactly as the same env stepped by hand. 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from contextlib import closing
 from typing import Any
 
@@ -20,7 +19,7 @@ from jaxrunner._src.testing.envs import DictObsEnv
 from jaxrunner._src.testing.fault_plans import FaultPlan
 from jaxrunner._src.testing.faults import faulty_env_fns
 from jaxrunner._src.testing.gymnasium_contract import _gymnasium_only
-from jaxrunner._src.testing.reference import ByHand, EnvKind, by_hand
+from jaxrunner._src.testing.reference import ByHand, ContractParts, EnvKind, by_hand
 from jaxrunner._src.testing.step_comparison import (
     ActionSampler,
     Row,
@@ -33,20 +32,9 @@ from jaxrunner._src.testing.step_comparison import (
 from jaxrunner.errors import InvalidActionError, InvalidArgumentError
 
 
-class SteppingContract:
+class SteppingContract(ContractParts):
     """The stepping checks of :class:`~jaxrunner._src.testing.contract.VectorEnvContract`'s
     docstring, from ``reset_batch`` to restarts."""
-
-    num_envs: int
-    seed: int
-    num_steps: int
-    kind: Any
-    _make: Callable[..., Any]
-    _fns: Callable[..., Any]
-    _basic: Callable[..., Any]
-    _seeds: Callable[[int], list[int | None]]
-    _reset: Callable[..., Any]
-    env_cases: Callable[[], dict[str, Any]]
 
     def _run_parity(
         self,

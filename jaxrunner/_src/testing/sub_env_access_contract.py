@@ -10,7 +10,7 @@ from typing import Any
 
 from jaxrunner._src.backends.sub_env_handle import SubEnvHandle, run_on_env
 from jaxrunner._src.testing.assertions import assert_trees_equal, expect_raises
-from jaxrunner._src.testing.reference import EnvKind
+from jaxrunner._src.testing.reference import ContractParts, EnvKind
 from jaxrunner._src.testing.step_comparison import ActionSampler, read_rows
 from jaxrunner.errors import ClosedError, EnvIndexError, InvalidArgumentError
 
@@ -22,16 +22,9 @@ def _on_sub_env(sub: Any, method: str, args: tuple) -> Any:
     return run_on_env(sub, method, args)
 
 
-class SubEnvAccessContract:
+class SubEnvAccessContract(ContractParts):
     """The checks of :class:`~jaxrunner._src.testing.contract.VectorEnvContract`'s docstring
     from ``call`` on: reaching the sub-envs, and closing."""
-
-    num_envs: int
-    seed: int
-    _make: Callable[..., Any]
-    _basic: Callable[..., Any]
-    _seeds: Callable[[int], list[int | None]]
-    _reset: Callable[..., Any]
 
     def test_call_get_attr_set_attr_render(self, kind: EnvKind) -> None:
         n = self.num_envs
