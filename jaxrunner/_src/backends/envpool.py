@@ -22,7 +22,7 @@ from jaxrunner._src.backends.envpool_calls import (
     every_seed,
     pool_builder,
 )
-from jaxrunner._src.backends.gymnasium_adapter import GymnasiumVectorEnv, _gymnasium_seed
+from jaxrunner._src.backends.gymnasium_adapter import GymnasiumVectorEnv, gymnasium_seed
 from jaxrunner._src.backends.vector_infos import EMPTY_RESET_INFOS, SplitInfos
 from jaxrunner._src.space_arrays.checks import check_finite_observations
 from jaxrunner.errors import InvalidArgumentError
@@ -90,7 +90,7 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
             raise InvalidArgumentError(
                 f"reset(options={options!r}): EnvPool takes no reset options."
             )
-        seed = _gymnasium_seed(seeds)
+        seed = gymnasium_seed(seeds)
         if seed is not None:
             # The seed is fixed when the pool is built: build a new pool with these seeds.
             seed = seed if isinstance(seed, int) else every_seed(seed)

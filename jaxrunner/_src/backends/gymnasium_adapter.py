@@ -30,7 +30,7 @@ from jaxrunner._src.space_arrays.checks import check_finite_observations
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, InvalidStepError
 
 
-def _gymnasium_seed(seeds: Sequence[int | None]) -> int | list[int | None] | None:
+def gymnasium_seed(seeds: Sequence[int | None]) -> int | list[int | None] | None:
     """``seeds`` as gymnasium's ``reset(seed=...)`` takes it: ``None`` if all are None, the
     int ``s`` for ``[s, s+1, ...]`` (what natively vectorized envs accept), else the list."""
     seeds = list(seeds)
@@ -125,7 +125,7 @@ class GymnasiumVectorEnv(InProcessSends, GymnasiumSubEnvs, WrappedOutputs, Vecto
         self._check_open("reset")
         check_seed_count(seeds, self.num_envs, type(self).__name__)
         obs, merged = self._call(
-            "reset", self.env.reset, seed=_gymnasium_seed(seeds), options=options
+            "reset", self.env.reset, seed=gymnasium_seed(seeds), options=options
         )
         self._store(self._obs, obs, "reset")
         check_finite_observations(self.single_observation_space, self._obs, "reset")

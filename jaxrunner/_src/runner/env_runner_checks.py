@@ -215,7 +215,7 @@ def check_has_connectors(runner: Any, what: str) -> None:
     """Refuses ``what`` (reading or writing connector state) on a runner without connectors."""
     if not runner._connectors:
         raise InvalidArgumentError(
-            f"EnvRunner.{what}(): this runner has no connectors; pass "
+            f"{type(runner).__name__}.{what}(): this runner has no connectors; pass "
             "EnvRunner(..., connectors=jaxrunner.connectors.Connectors(...))"
             + runner.kind.connectors_hint
         )
