@@ -38,6 +38,16 @@ def sample_once(runner: Any, progress: bool = False) -> Any:
     return traj
 
 
+def sampled_episodes(runner: Any, include_faulty: bool) -> list[Any]:
+    """The episodes one more sample completes (seen from their first step; faulty ones
+    with ``include_faulty``), in the order they started."""
+    episodes = runner.state.episodes
+    done = episodes.complete(sample_once(runner).split_episodes())
+    done = [e for e in done if include_faulty or not e.faulty]
+    done.sort(key=episodes.order)
+    return done
+
+
 def collect_episodes(
     runner: Any, name: str, num_episodes: int, include_faulty: bool, progress: bool
 ) -> list[Any]:
@@ -48,12 +58,11 @@ def collect_episodes(
         bar.update(len(state.finished))
         while len(state.finished) < num_episodes:
             try:
-                traj = sample_once(runner)
+                done = sampled_episodes(runner, include_faulty)
             except BaseException as err:  # the episodes completed so far go with it
                 attach_episodes(err, state.take_finished(len(state.finished)))
                 raise
-            done = state.episodes.complete(traj.split_episodes())
-            state.finished.extend(e for e in done if include_faulty or not e.faulty)
+            state.finished.extend(done)
             state.finished.sort(key=state.episodes.order)  # one begun earlier ends later
             bar.update(len(state.finished))
     return state.take_finished(num_episodes)

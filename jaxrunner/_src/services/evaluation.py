@@ -18,7 +18,7 @@ from jaxrunner._src.connectors.per_group import GroupConnectors
 from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
 from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.core.policy import Params, Policy
-from jaxrunner._src.runner.collection import sample_once
+from jaxrunner._src.runner.collection import sampled_episodes
 from jaxrunner._src.runner.env_runner import EnvRunner
 from jaxrunner.errors import EvaluationIncompleteError, InvalidArgumentError
 
@@ -159,8 +159,8 @@ def evaluate(
             runner.set_connector_state(runner.from_policy_dict(frozen))
         ends = _env_episode_ends(runner) if runner.multi_agent else _episode_ends(runner)
         agents = list(envs.possible_agents) if runner.multi_agent else []
-        budget = _Budget(rollout_length * envs.num_envs, max_env_steps)
-        return _first_episodes(ends, envs.num_envs, num_episodes, agents, budget)
+        per_sample = rollout_length * envs.num_envs
+        return _first_episodes(ends, envs.num_envs, num_episodes, agents, per_sample, max_env_steps)
     finally:  # the caller's envs stay open, free for the next evaluation
         runner.stop(close_envs=False)
 
@@ -207,32 +207,26 @@ _Ended = tuple[int, float, int, dict[str, float], Episode | None]
 """An episode as it ends: env id, return, length, return per agent, the episode (single-agent)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class _Budget:
-    """The env steps each inner sample takes, and the most ``evaluate`` may take."""
-
-    per_sample: int
-    max_env_steps: int | None
-
-
 def _first_episodes(
     next_ends: Callable[[], list[_Ended]],
     num_envs: int,
     num_episodes: int,
     agents: list[str],
-    budget: _Budget,
+    per_sample: int,
+    max_env_steps: int | None,
 ) -> EvaluationResult:
     """Each env's first episodes, an equal share of ``num_episodes``, from ``next_ends``
-    (the episodes the next sample ends, in the order they ran); within ``budget``, else
-    an :class:`EvaluationIncompleteError` holding those that completed."""
+    (the episodes the next sample ends, in the order they ran; each sample ``per_sample``
+    env steps); past ``max_env_steps``, an :class:`EvaluationIncompleteError` holding
+    those that completed."""
     share = [num_episodes // num_envs + (i < num_episodes % num_envs) for i in range(num_envs)]
     kept: list[list[_Ended]] = [[] for _ in range(num_envs)]
     taken = 0
     while missing := sum(want - len(got) for want, got in zip(share, kept)):
-        if budget.max_env_steps is not None and taken >= budget.max_env_steps:
+        if max_env_steps is not None and taken >= max_env_steps:
             short = [i for i, (want, got) in enumerate(zip(share, kept)) if len(got) < want]
             err = EvaluationIncompleteError(
-                f"evaluate(max_env_steps={budget.max_env_steps}): {num_episodes - missing} of "
+                f"evaluate(max_env_steps={max_env_steps}): {num_episodes - missing} of "
                 f"{num_episodes} episodes complete after {taken} env steps; envs {short[:8]} "
                 "have not completed their share. Check that the envs' episodes end (e.g. "
                 "gymnasium.make(..., max_episode_steps=...)), or raise max_env_steps. The "
@@ -243,7 +237,7 @@ def _first_episodes(
         for ended in next_ends():
             if len(kept[ended[0]]) < share[ended[0]]:
                 kept[ended[0]].append(ended)
-        taken += budget.per_sample
+        taken += per_sample
     return _result(kept, agents)
 
 
@@ -262,15 +256,9 @@ def _result(kept: list[list[_Ended]], agents: list[str]) -> EvaluationResult:
 def _episode_ends(runner: EnvRunner) -> Callable[[], list[_Ended]]:
     """Single-agent: the complete episodes the next sample ends (as ``sample_episodes``
     sees them: never a faulty one), in start order."""
-    episodes = runner.state.episodes
-
-    def next_ends() -> list[_Ended]:
-        # sample_once, not sample(): that would drop the episodes under way.
-        done = [e for e in episodes.complete(sample_once(runner).split_episodes()) if not e.faulty]
-        done.sort(key=episodes.order)
-        return [(e.env_id, e.total_return, e.length, {}, e) for e in done]
-
-    return next_ends
+    return lambda: [
+        (e.env_id, e.total_return, e.length, {}, e) for e in sampled_episodes(runner, False)
+    ]
 
 
 def _env_episode_ends(runner: EnvRunner) -> Callable[[], list[_Ended]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from jaxrunner._src.arg_checks import check_config
 from jaxrunner._src.backends.base import VectorEnv, check_env_fns, check_seed_count
@@ -21,10 +21,6 @@ from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
 from jaxrunner._src.backends.sub_env_block import EnvFactory
 from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner.errors import InvalidArgumentError
-
-if TYPE_CHECKING:
-    pass
-
 
 TWO_SPLITS_MIN_ROWS = 16
 """Rows (sub-envs times agents) from which two splits pay on a CPU host: CartPole one
