@@ -2,7 +2,8 @@
 
 One jitted call of a ``jr.models`` policy on ``--rows`` random observations: plain (one
 batch, no chunks) and through ``chunked_apply`` in chunks of each ``--chunks`` size, as
-the samplers compute it (``jaxrunner._src.samplers.batch_invariance``). Median
+the samplers compute it (``jaxrunner._src.samplers.batch_invariance``; a chunk of all
+``--rows`` is the one call behind optimization barriers of an accelerator's default). Median
 milliseconds per call over ``--blocks`` timed blocks, in one process. What
 ``default_chunk_rows`` trades: a bigger chunk computes faster, a block smaller than a
 chunk is padded to it.
@@ -92,7 +93,7 @@ def main() -> None:
     for size in args.chunks:
         if args.rows % size:  # chunked_apply takes whole chunks
             raise SystemExit(f"--chunks {size}: --rows {args.rows} is not a multiple of it")
-        call = jax.jit(chunked_apply(policy.apply_fn, size))
+        call = jax.jit(chunked_apply(policy.apply_fn, size, args.rows))
         chunked = ms_per_call(call, (*inputs, jnp.int32(args.rows)), args.blocks, args.calls)
         result["chunked_ms"][str(size)] = chunked
     print(

@@ -114,7 +114,7 @@ def _row_keys(ids: np.ndarray) -> jax.Array:
 def _jitted_chunked(apply_fn: Any, chunk_rows: int) -> Any:
     # One jitted function per policy and chunk size: calls of a shape it has seen reuse
     # its trace and compile (a new jax.jit of a new closure would redo both).
-    return jax.jit(chunked_apply(apply_fn, chunk_rows))
+    return jax.jit(chunked_apply(apply_fn, chunk_rows, max_rows=64))
 
 
 def _outputs(
@@ -188,7 +188,7 @@ def test_chunked_apply_refuses_outputs_without_a_row_per_observation():
     with pytest.raises(InvalidArgumentError, match=r"3 rows, expected a multiple of chunk_rows=2"):
         _outputs(policy_fn, None, np.zeros((3, 3)), np.arange(3, dtype=np.uint32), 2, 3)
     with pytest.raises(InvalidArgumentError, match=r"chunk_rows=0"):
-        chunked_apply(apply_fn, 0)
+        chunked_apply(apply_fn, 0, 4)
 
 
 def test_default_chunk_rows_follow_the_width_and_the_policy_cost():
@@ -203,12 +203,20 @@ def test_default_chunk_rows_follow_the_width_and_the_policy_cost():
     assert [default_chunk_rows(n, mlp, "cpu", small_calls=True) for n in widths] == [
         default_chunk_rows(n, mlp, "cpu") for n in widths
     ]
-    assert default_chunk_rows(64, mlp, "gpu") == 32
+    assert default_chunk_rows(64, mlp, "gpu") == 64  # one call: no loop on an accelerator
     for n in (16, 64, 256, 4096):  # two pipelining groups are whole chunks
         assert (n // 2) % default_chunk_rows(n, mlp, "cpu") == 0
         assert (n // 2) % default_chunk_rows(n, cnn, "cpu") == 0
 
 
+@pytest.fixture
+def cpu_defaults(monkeypatch):
+    """The defaults of a CPU host on any platform (an accelerator takes one split and
+    one chunk of every row: nothing to pad)."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+
+
+@pytest.mark.usefixtures("cpu_defaults")
 @pytest.mark.parametrize(
     ("num_envs", "flops", "splits"),
     [
@@ -233,6 +241,7 @@ def test_default_splits_do_not_pay_a_costly_policy_twice(num_envs, flops, splits
         assert default_num_splits(process_like, [light, light]) == 1  # type: ignore[arg-type]
 
 
+@pytest.mark.usefixtures("cpu_defaults")
 @pytest.mark.parametrize(("hidden", "splits"), [((64, 64), 2), ((1024, 1024), 1)])
 def test_the_runner_splits_a_costly_policy_only_into_whole_chunks(hidden, splits):
     """A backend that asks for two splits (the process backend does), 8 envs: a cheap
@@ -302,7 +311,11 @@ def _samples(
 ) -> list[jr.Trajectory]:
     _, make_policy, steps = CASES[case]
     policy, params = make_policy()
-    with jr.EnvRunner(envs, policy, params, steps, SEED, num_splits=num_splits) as runner:
+    # A CPU host's chunk at 16 envs on any platform (an accelerator's is every env: no
+    # call of fewer envs, nothing to compare).
+    with jr.EnvRunner(
+        envs, policy, params, steps, SEED, num_splits=num_splits, chunk_rows=NUM_ENVS // 2
+    ) as runner:
         samples = [runner.sample() for _ in range(3)]
         if ready_first and runner.sampler.ready_first.merging:  # envs in any order
             counts = runner.sampler.ready_first.ready_counts  # calls of fewer than all envs ran
@@ -332,6 +345,31 @@ def test_pipelined_groups_equal_one_group(case, num_splits):
     make_env = CASES[case][0]
     envs = jr.make_vec(make_env, NUM_ENVS)
     _assert_same(_samples(envs, case, num_splits=num_splits), case)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("platform", ["this one", "an accelerator"])
+def test_one_chunk_of_every_env_is_the_same_bits_in_every_mode(case, platform, monkeypatch):
+    """chunk_rows=NUM_ENVS (an accelerator's default): every call is one chunk, whatever
+    the splits or the envs ready; on an accelerator one call with no loop (its plumbing
+    checked here on any platform, its bits where the suite runs on one)."""
+    if platform == "an accelerator":
+        monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    make_env, make_policy, steps = CASES[case]
+    policy, params = make_policy()
+    got = []
+    for envs, splits in (
+        (jr.make_vec(make_env, NUM_ENVS), 1),
+        (jr.make_vec(make_env, NUM_ENVS), 3),
+        (ShuffledSync([make_env] * NUM_ENVS, 3, buckets=(NUM_ENVS,)), None),
+    ):
+        with jr.EnvRunner(
+            envs, policy, params, steps, SEED, num_splits=splits, chunk_rows=NUM_ENVS
+        ) as runner:
+            got.append([runner.sample() for _ in range(2)])
+    for other in got[1:]:
+        for ours, theirs in zip(other, got[0], strict=True):
+            chex.assert_trees_all_equal(ours, theirs)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -392,8 +430,10 @@ def test_each_env_row_is_computed_once_per_step(num_splits):
 
     counting = jr.Policy(apply_fn=counted, init_fn=policy.init_fn)
     envs = jr.make_vec(_pendulum, NUM_ENVS)
-    steps = 5
-    with jr.EnvRunner(envs, counting, params, steps, SEED, num_splits=num_splits) as runner:
+    steps, chunk = 5, NUM_ENVS // 2  # (an accelerator's one chunk of every env pads each split)
+    with jr.EnvRunner(
+        envs, counting, params, steps, SEED, num_splits=num_splits, chunk_rows=chunk
+    ) as runner:
         runner.sample()
         jax.effects_barrier()
     assert sum(rows) == steps * NUM_ENVS

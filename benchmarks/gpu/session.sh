@@ -4,7 +4,9 @@
 #   benchmarks/gpu/session.sh prepare   # here: EnvPool (Atari, MuJoCo, classic control
 #                                       # only), gymnasium, ale-py, MuJoCo as cp312
 #                                       # wheels, unpacked into .gpu/site.tgz (~22 MB)
-#   benchmarks/gpu/session.sh run       # there (carry .gpu): writes $OUT/*.json, a log
+#   benchmarks/gpu/session.sh run [STEP...]   # there (carry .gpu): writes $OUT/*.json,
+#                                       # a log; steps: splits pong tests chunks mpe
+#                                       # (default: splits pong)
 #
 # The machine's image brings Python 3.12, JAX with CUDA, flax, chex, torch and OpenCV.
 # Three JAX processes share the GPU (jaxrunner, the hand loops, the peers), so XLA's
@@ -20,7 +22,8 @@ prepare)
     --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d "$tmp/whl" gymnasium==1.4.0 farama-notifications \
     ale-py==0.12.1 envpool==1.2.5 envpool-assets==0.3.0 dm-env optree dm-tree \
-    types-protobuf glfw mujoco==3.3.7 pyopengl || exit 1
+    types-protobuf glfw mujoco==3.3.7 pyopengl pytest pluggy iniconfig pettingzoo==1.27.0 \
+    mpe2==1.1.1 pygame-ce==2.5.8 || exit 1
   mkdir -p "$tmp/site" .gpu
   for w in "$tmp"/whl/*.whl; do unzip -q -o "$w" -d "$tmp/site"; done
   # EnvPool's other env families are 100+ MB: keep Atari, MuJoCo gym, classic control.
@@ -40,13 +43,28 @@ run)
   nproc; nvidia-smi -L
   python3 -c "import jax, flax, envpool; print(jax.__version__, flax.__version__, jax.devices())" || exit 2
   step() { local limit=$1; shift; local t0=$SECONDS; timeout "$limit" "$@"; echo "rc=$? $((SECONDS - t0)) s: $*"; }
-  step 80 python3 benchmarks/splits.py --workload cartpole --widths 8 256 --rounds 3 --out "$OUT/splits_cartpole_gpu.json"
-  step 80 python3 benchmarks/splits.py --workload halfcheetah --widths 8 32 --rounds 3 --out "$OUT/splits_halfcheetah_gpu.json"
-  step 60 python3 benchmarks/splits.py --workload halfcheetah --backend process --widths 8 32 --rounds 3 --out "$OUT/splits_halfcheetah_process_gpu.json"
-  # Pong's envpool row comes last at each width: 32 envs in a run of its own, so a
-  # time-out at 32 keeps the whole of 8.
-  step 130 python3 benchmarks/peers.py --workload pong --widths 8 --peers-python "$py" --no-rllib --rounds 3 --seconds 1 --out "$OUT/peers_pong8_gpu.json"
-  step 160 python3 benchmarks/peers.py --workload pong --widths 32 --peers-python "$py" --no-rllib --rounds 3 --seconds 1 --out "$OUT/peers_pong32_gpu.json"
+  steps=("${@:2}")
+  [ ${#steps[@]} -eq 0 ] && steps=(splits pong)
+  for name in "${steps[@]}"; do
+    case "$name" in
+    splits)
+      step 80 python3 benchmarks/splits.py --workload cartpole --widths 8 256 --rounds 3 --out "$OUT/splits_cartpole_gpu.json"
+      step 80 python3 benchmarks/splits.py --workload halfcheetah --widths 8 32 --rounds 3 --out "$OUT/splits_halfcheetah_gpu.json"
+      step 60 python3 benchmarks/splits.py --workload halfcheetah --backend process --widths 8 32 --rounds 3 --out "$OUT/splits_halfcheetah_process_gpu.json" ;;
+    pong)
+      # Pong's envpool row comes last at each width: 32 envs in a run of its own, so a
+      # time-out at 32 keeps the whole of 8.
+      step 160 python3 benchmarks/peers.py --workload pong --widths 32 --peers-python "$py" --no-rllib --rounds 3 --seconds 1 --out "$OUT/peers_pong32_gpu.json"
+      step 130 python3 benchmarks/peers.py --workload pong --widths 8 --peers-python "$py" --no-rllib --rounds 3 --seconds 1 --out "$OUT/peers_pong8_gpu.json" ;;
+    tests)  # the batch-invariance tests on this platform's default chunks
+      step 150 python3 -m pytest -o addopts="" -p no:cacheprovider -q tests/test_batch_invariance.py ;;
+    chunks)  # one NatureCNN call of 32 rows: plain, in two chunks (a loop), as one chunk
+      step 60 python3 benchmarks/chunk_sizes.py --policy nature_cnn --rows 32 --chunks 16 32 --out "$OUT/chunk_sizes_nature_cnn32_gpu.json" ;;
+    mpe)  # the multi-agent row: MPE simple-spread against the PettingZoo hand loop
+      step 150 python3 -m jaxrunner bench --env mpe2:simple_spread_v3 --backend sync --num-envs 8 64 --rounds 3 --out "$OUT/bench_mpe_gpu.json" ;;
+    *) echo "unknown step $name" ;;
+    esac
+  done
   ;;
 *) echo "usage: $0 prepare|run" >&2; exit 2 ;;
 esac

@@ -41,8 +41,8 @@ def default_chunk_rows(
     these only, never of the backend or grouping: every mode of a runner computes the
     same chunks (the determinism guarantee). Why these sizes on CPU: docs/performance.md."""
     platform = platform or jax.default_backend()
-    if platform != "cpu":
-        return _pow2_floor(num_rows // 2)
+    if platform != "cpu":  # one call: a loop's trip costs a device->host sync there
+        return num_rows
     by_work = 0 if not flops_per_row or flops_per_row <= 0 else CHUNK_FLOPS / flops_per_row
     half = _pow2_floor(num_rows // 2)
     rows = min(MAX_CHUNK_ROWS, half)
@@ -60,7 +60,10 @@ def policy_flops_per_row(policy: Policy, params: Params, obs_space: spaces.Space
 
     def estimate() -> float | None:
         try:
-            flops = (jax.jit(policy.apply_fn).lower(*args).cost_analysis() or {}).get("flops")
+            # Lowered for a CPU host on any platform: an accelerator's lowering may have
+            # no cost analysis, and the work per row is the policy's, not the device's.
+            lowered = jax.jit(policy.apply_fn).trace(*args).lower(lowering_platforms=("cpu",))
+            flops = (lowered.cost_analysis() or {}).get("flops")
         except Exception:  # an estimate only: the runner's own compile reports real errors
             flops = None
         return float(flops) if flops else None
@@ -95,8 +98,25 @@ def check_chunk_rows(chunk_rows: Any, where: str, none: str | None = None) -> An
 R = TypeVar("R")
 
 
+def one_call(chunk_rows: int, max_rows: int) -> bool:
+    """Whether every call is one chunk computed with no loop: on an accelerator, where one
+    chunk holds the ``max_rows`` of the largest call (a CPU host keeps the loop: XLA CPU
+    removes the optimization barriers that would isolate the chunk)."""
+    return chunk_rows >= max_rows and jax.default_backend() != "cpu"
+
+
+def padded_rows(size: int, chunk_rows: int, max_rows: int) -> int:
+    """The rows a call of ``size`` rows computes, for a policy chunk of ``chunk_rows`` where
+    no call holds more than ``max_rows``: one chunk where :func:`one_call` (every call
+    is then the same program), else whole chunks, at least two (with one, XLA drops the
+    loop's dynamic slice and fuses the chunk differently, 1 ulp apart)."""
+    if one_call(chunk_rows, max_rows):
+        return chunk_rows
+    return max(2, -(-size // chunk_rows)) * chunk_rows
+
+
 def chunked_apply(
-    apply_fn: Callable[[Params, Any, Carry, Any], R], chunk_rows: int
+    apply_fn: Callable[[Params, Any, Carry, Any], R], chunk_rows: int, max_rows: int
 ) -> Callable[..., R]:
     """``apply_fn`` (row-wise, ``(params, obs, carry, keys)``, or the like, e.g. a
     ``log_prob_fn``) computed ``chunk_rows`` rows at a time in a ``lax.while_loop``, so a
@@ -106,8 +126,21 @@ def chunked_apply(
     multiple of ``chunk_rows`` padded on the host, computing the chunks that hold the
     first ``num_rows`` (traced, not a constant XLA could inline; the later chunks'
     outputs are zeros). Raises InvalidArgumentError while tracing for a bad ``N`` or an
-    output leaf without one row per input row."""
+    output leaf without one row per input row.
+
+    Where :func:`one_call` (``max_rows``: the rows of the largest call), every call is
+    one chunk: ``apply_fn`` itself between optimization barriers, so that XLA compiles
+    its rows the same way whatever the program around it (a loop's trip would read its
+    condition back to the host)."""
     chunk_rows = check_chunk_rows(chunk_rows, "chunked_apply")
+    if one_call(chunk_rows, max_rows):
+
+        def whole(params: Params, obs: Any, carry: Carry, keys: Any, num_rows: Any) -> R:
+            del num_rows  # every row is computed: the call is one chunk
+            inputs = jax.lax.optimization_barrier((params, obs, carry, keys))
+            return jax.lax.optimization_barrier(apply_fn(*inputs))
+
+        return whole
 
     def apply(params: Params, obs: Any, carry: Carry, keys: Any, num_rows: jax.Array) -> R:
         rows = jax.tree.leaves(keys)[0].shape[0]

@@ -17,7 +17,7 @@ from jaxrunner._src.connectors.pipeline import POLICY_OBS, Connectors, Connector
 from jaxrunner._src.connectors.state_packing import StatePacking
 from jaxrunner._src.connectors.state_rows import keep_active, put_rows, take_rows
 from jaxrunner._src.core.policy import ApplyFn, Params, Policy
-from jaxrunner._src.samplers.batch_invariance import chunked_apply
+from jaxrunner._src.samplers.batch_invariance import chunked_apply, padded_rows
 from jaxrunner._src.samplers.kept_programs import avals, jax_settings, kept_for, packing_layout
 from jaxrunner._src.samplers.transfer import compile_packed
 
@@ -171,10 +171,10 @@ class CompiledPolicyStep:
     ) -> None:
         num_envs = int(state.env_steps.shape[0])
         self.num_envs, self.chunk_rows = num_envs, chunk_rows
-        # At least two chunks: with one, XLA drops the loop's dynamic slice and fuses the
-        # chunk differently (1 ulp apart); chunks after the last real row are not computed.
-        rows = size if chunk_rows is None else max(2, -(-size // chunk_rows)) * chunk_rows
-        chunked = None if chunk_rows is None else chunked_apply(policy.apply_fn, chunk_rows)
+        rows = size if chunk_rows is None else padded_rows(size, chunk_rows, num_envs)
+        chunked = None
+        if chunk_rows is not None:
+            chunked = chunked_apply(policy.apply_fn, chunk_rows, num_envs)
         # The env's action travels in the same output only when it differs.
         self._env_actions = connectors is not None and bool(connectors.action)
 

@@ -277,10 +277,10 @@ class PolicyBatcher:
             np.zeros((), np.int32),
         )
         seed = self._seed
-        apply = chunked_apply(policy.apply_fn, self._chunk_rows)
+        apply = chunked_apply(policy.apply_fn, self._chunk_rows, self._max_batch)
         log_prob = None
         if policy.log_prob_fn is not None:  # same signature: (params, obs, carry, rows)
-            log_prob = chunked_apply(policy.log_prob_fn, self._chunk_rows)
+            log_prob = chunked_apply(policy.log_prob_fn, self._chunk_rows, self._max_batch)
 
         def step(params: Params, inputs: Any) -> tuple[Any]:
             self.num_traces += 1  # runs only while tracing: counts compiles
