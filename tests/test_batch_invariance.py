@@ -203,7 +203,8 @@ def test_default_chunk_rows_follow_the_width_and_the_policy_cost():
     assert [default_chunk_rows(n, mlp, "cpu", small_calls=True) for n in widths] == [
         default_chunk_rows(n, mlp, "cpu") for n in widths
     ]
-    assert default_chunk_rows(64, mlp, "gpu") == 64  # one call: no loop on an accelerator
+    # An accelerator: one call of every row (no loop) up to 512 rows, then chunks of half.
+    assert [default_chunk_rows(n, mlp, "gpu") for n in (64, 300, 512, 1000)] == [64, 300, 512, 256]
     for n in (16, 64, 256, 4096):  # two pipelining groups are whole chunks
         assert (n // 2) % default_chunk_rows(n, mlp, "cpu") == 0
         assert (n // 2) % default_chunk_rows(n, cnn, "cpu") == 0

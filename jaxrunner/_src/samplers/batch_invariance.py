@@ -22,6 +22,10 @@ CHUNK_FLOPS = 2**21
 """Target work of one chunk on a CPU host: a cheap policy takes more rows per chunk."""
 MAX_CHUNK_ROWS = 256
 """The largest default chunk on a CPU host."""
+ONE_CALL_ROWS = 512
+"""Up to this many rows, an accelerator's default chunk is every row (one call, no loop);
+above, half of them (a chunk's compute then outweighs a loop trip's read-back, and a
+small ready-first call pads to half the rows, not all)."""
 
 
 def _pow2_floor(x: float) -> int:
@@ -42,7 +46,7 @@ def default_chunk_rows(
     same chunks (the determinism guarantee). Why these sizes on CPU: docs/performance.md."""
     platform = platform or jax.default_backend()
     if platform != "cpu":  # one call: a loop's trip costs a device->host sync there
-        return num_rows
+        return num_rows if num_rows <= ONE_CALL_ROWS else _pow2_floor(num_rows // 2)
     by_work = 0 if not flops_per_row or flops_per_row <= 0 else CHUNK_FLOPS / flops_per_row
     half = _pow2_floor(num_rows // 2)
     rows = min(MAX_CHUNK_ROWS, half)
