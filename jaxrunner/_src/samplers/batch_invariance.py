@@ -66,7 +66,9 @@ def policy_flops_per_row(policy: Policy, params: Params, obs_space: spaces.Space
         try:
             # Lowered for a CPU host on any platform: an accelerator's lowering may have
             # no cost analysis, and the work per row is the policy's, not the device's.
-            lowered = jax.jit(policy.apply_fn).trace(*args).lower(lowering_platforms=("cpu",))
+            shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
+            traced = jax.jit(policy.apply_fn).trace(*shapes)
+            lowered = traced.lower(lowering_platforms=("cpu",))
             flops = (lowered.cost_analysis() or {}).get("flops")
         except Exception:  # an estimate only: the runner's own compile reports real errors
             flops = None
