@@ -61,7 +61,8 @@ run)
     chunks)  # one NatureCNN call of 32 rows: plain, in two chunks (a loop), as one chunk
       step 60 python3 benchmarks/chunk_sizes.py --policy nature_cnn --rows 32 --chunks 16 32 --out "$OUT/chunk_sizes_nature_cnn32_gpu.json" ;;
     mpe)  # the multi-agent row: MPE simple-spread against the PettingZoo hand loop
-      step 150 python3 -m jaxrunner bench --env mpe2:simple_spread_v3 --backend sync --num-envs 8 64 --rounds 3 --out "$OUT/bench_mpe_gpu.json" ;;
+      step 150 python3 -m jaxrunner bench --env mpe2:simple_spread_v3 --backend sync --num-envs 8 64 --rounds 3 --out "$OUT/bench_mpe_gpu.json"
+      step 150 python3 -m jaxrunner bench --env mpe2:simple_spread_v3 --backend process --num-envs 8 64 --rounds 3 --out "$OUT/bench_mpe_process_gpu.json" ;;
     *) echo "unknown step $name" ;;
     esac
   done
