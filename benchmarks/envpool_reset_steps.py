@@ -29,6 +29,12 @@ Usage (needs the ``envpool`` extra)::
     python benchmarks/envpool_reset_steps.py --workload pong --async-mode --num-envs 32 \
         --rollout-length 32 --reps 2 --rounds 5 --bound
     python benchmarks/envpool_reset_steps.py --num-threads 1  # EnvPool's threads: one
+    python benchmarks/envpool_reset_steps.py --workload pong --async-mode --per-recv \
+        --num-envs 8 32 --rollout-length 32 --reps 2 --rounds 5
+
+``--per-recv`` adds the runner with ``chunk_rows`` the recv batch: each half acts as it
+comes (the default gathers both halves into one chunk of every env, where a chunk is
+every env: an accelerator's, or a CNN's at 8 envs on a CPU host).
 """
 
 from __future__ import annotations
@@ -54,7 +60,12 @@ SEED = 0
 
 
 def _runner(
-    work: Workload, num_envs: int, length: int, keep: bool, async_mode: bool
+    work: Workload,
+    num_envs: int,
+    length: int,
+    keep: bool,
+    async_mode: bool,
+    chunk_rows: int | None = None,
 ) -> Callable[[], int]:
     batch = {"batch_size": num_envs // 2} if async_mode else {}
     envs = jr.make_vec(
@@ -63,7 +74,9 @@ def _runner(
     )  # fmt: skip
     policy = work.policy(envs.single_observation_space, envs.single_action_space)
     params = policy.init(jax.random.key(SEED), envs.single_observation_space)
-    runner = jr.EnvRunner(envs, policy, params, rollout_length=length, seed=SEED)
+    runner = jr.EnvRunner(
+        envs, policy, params, rollout_length=length, seed=SEED, chunk_rows=chunk_rows
+    )
 
     def sample() -> int:  # real transitions of one sample
         before = runner.get_metrics()["num_env_steps"]
@@ -99,12 +112,15 @@ def measure(
     async_mode: bool,
     reps: int | None,
     bound: bool = False,
+    per_recv: bool = False,
 ) -> dict:
     systems = {
         "default": _runner(work, num_envs, length, True, async_mode),
         "same_step": _runner(work, num_envs, length, False, async_mode),
         "hand": _hand(work, num_envs, length, async_mode),
     }
+    if per_recv:  # a chunk of one recv: each half acts as it comes, as the hand loop's
+        systems["per_recv"] = _runner(work, num_envs, length, True, async_mode, num_envs // 2)
     for run in systems.values():  # compile and warm up
         run()
         run()
@@ -128,6 +144,7 @@ def measure(
             "default/hand": med["default"] / med["hand"],
             "same_step/hand": med["same_step"] / med["hand"],
             "default/same_step": med["default"] / med["same_step"],
+            **({"per_recv/default": med["per_recv"] / med["default"]} if per_recv else {}),
         },
         "reps_per_round": reps,
         "load_average": os.getloadavg(),
@@ -216,8 +233,16 @@ def main() -> None:
         help="EnvPool's num_threads in every pool (default: EnvPool's own, one per core "
         "up to the batch size)",
     )
+    parser.add_argument(
+        "--per-recv",
+        action="store_true",
+        help="with --async-mode: also the runner with chunk_rows = the recv batch (each "
+        "half acts as it comes; the default gathers both into one chunk of every env)",
+    )
     parser.add_argument("--out", help="write the results here as JSON")
     args = parser.parse_args()
+    if args.per_recv and not args.async_mode:
+        parser.error("--per-recv needs --async-mode (recvs of half the envs)")
     work = WORKLOADS[args.workload]
     if args.num_threads is not None:
         threads = {"num_threads": args.num_threads}
@@ -225,8 +250,9 @@ def main() -> None:
     results = []
     for n in args.num_envs:
         row = measure(
-            work, n, args.rollout_length, args.rounds, args.async_mode, args.reps, args.bound
-        )
+            work, n, args.rollout_length, args.rounds, args.async_mode, args.reps, args.bound,
+            args.per_recv,
+        )  # fmt: skip
         results.append(row)
         med, ratio = row["median_steps_per_s"], row["ratios"]
         print(

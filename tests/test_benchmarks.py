@@ -378,7 +378,9 @@ def test_rllib_multi_agent_jaxrunner_half_writes_its_rows(tmp_path):
     assert len(report["loadavg_before"]) == len(report["loadavg_after"]) == 3
 
 
-@pytest.mark.parametrize("mode", [["--num-threads", "1"], ["--async-mode", "--bound"]])
+@pytest.mark.parametrize(
+    "mode", [["--num-threads", "1"], ["--async-mode", "--bound", "--per-recv"]]
+)
 def test_envpool_reset_steps_times_both_modes_and_the_hand_loop(tmp_path, mode):
     pytest.importorskip("envpool")
     out = tmp_path / "envpool_reset_steps.json"
@@ -389,8 +391,11 @@ def test_envpool_reset_steps_times_both_modes_and_the_hand_loop(tmp_path, mode):
     assert report["envpool_kwargs"] == threads  # every pool's (CartPole has no others)
     (row,) = report["results"]
     assert row["num_envs"] == 4
-    systems = {"default", "same_step", "hand"}
+    systems = {"default", "same_step", "hand"} | ({"per_recv"} if "--per-recv" in mode else set())
     assert set(row["median_steps_per_s"]) == systems
+    if "--per-recv" in mode:
+        med = row["median_steps_per_s"]
+        assert row["ratios"]["per_recv/default"] == pytest.approx(med["per_recv"] / med["default"])
     assert all(len(rates) == 2 and min(rates) > 0 for rates in row["rounds"].values())
     if "--bound" not in mode:
         assert "bound" not in row

@@ -5,7 +5,7 @@
 #                                       # only), gymnasium, ale-py, MuJoCo as cp312
 #                                       # wheels, unpacked into .gpu/site.tgz (~22 MB)
 #   benchmarks/gpu/session.sh run [STEP...]   # there (carry .gpu): writes $OUT/*.json,
-#                                       # a log; steps: splits pong tests chunks mpe
+#                                       # a log; steps: splits pong tests chunks mpe async
 #                                       # (default: splits pong)
 #
 # The machine's image brings Python 3.12, JAX with CUDA, flax, chex, torch and OpenCV.
@@ -63,6 +63,8 @@ run)
     mpe)  # the multi-agent row: MPE simple-spread against the PettingZoo hand loop
       step 150 python3 -m jaxrunner bench --env mpe2:simple_spread_v3 --backend sync --num-envs 8 64 --rounds 3 --out "$OUT/bench_mpe_gpu.json"
       step 150 python3 -m jaxrunner bench --env mpe2:simple_spread_v3 --backend process --num-envs 8 64 --rounds 3 --out "$OUT/bench_mpe_process_gpu.json" ;;
+    async)  # EnvPool's async mode: the two halves gathered into one call, or each acting
+      step 200 python3 benchmarks/envpool_reset_steps.py --workload pong --async-mode --per-recv --num-envs 8 32 --rollout-length 32 --reps 2 --rounds 5 --out "$OUT/envpool_per_recv_pong_gpu.json" ;;
     *) echo "unknown step $name" ;;
     esac
   done
