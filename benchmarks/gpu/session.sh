@@ -2,8 +2,9 @@
 # The GPU rows of the speed figures, on a lent GPU machine that reaches no package index.
 #
 #   benchmarks/gpu/session.sh prepare   # here: EnvPool (Atari, MuJoCo, classic control
-#                                       # only), gymnasium, ale-py, MuJoCo as cp312
-#                                       # wheels, unpacked into .gpu/site.tgz (~22 MB)
+#                                       # only), gymnasium, ale-py, MuJoCo, pytest,
+#                                       # PettingZoo and MPE as cp312 wheels, unpacked
+#                                       # into .gpu/site.tgz (~35 MB)
 #   benchmarks/gpu/session.sh run [STEP...]   # there (carry .gpu): writes $OUT/*.json,
 #                                       # a log; steps: splits pong tests chunks mpe async
 #                                       # (default: splits pong)
@@ -54,12 +55,12 @@ run)
     pong)
       # Pong's envpool row comes last at each width: 32 envs in a run of its own, so a
       # time-out at 32 keeps the whole of 8.
-      step 160 python3 benchmarks/peers.py --workload pong --widths 32 --peers-python "$py" --no-rllib --rounds 3 --seconds 1 --out "$OUT/peers_pong32_gpu.json"
-      step 130 python3 benchmarks/peers.py --workload pong --widths 8 --peers-python "$py" --no-rllib --rounds 3 --seconds 1 --out "$OUT/peers_pong8_gpu.json" ;;
+      step 130 python3 benchmarks/peers.py --workload pong --widths 8 --peers-python "$py" --no-rllib --rounds 3 --seconds 1 --out "$OUT/peers_pong8_gpu.json"
+      step 160 python3 benchmarks/peers.py --workload pong --widths 32 --peers-python "$py" --no-rllib --rounds 3 --seconds 1 --out "$OUT/peers_pong32_gpu.json" ;;
     tests)  # the batch-invariance tests on this platform's default chunks
       step 150 python3 -m pytest -o addopts="" -p no:cacheprovider -q tests/test_batch_invariance.py ;;
     chunks)  # one NatureCNN call of 32 rows: plain, in two chunks (a loop), as one chunk
-      step 60 python3 benchmarks/chunk_sizes.py --policy nature_cnn --rows 32 --chunks 16 32 --out "$OUT/chunk_sizes_nature_cnn32_gpu.json" ;;
+      step 60 python3 benchmarks/chunk_sizes.py --policy nature_cnn --rows 32 --chunks 16 32 --out "$OUT/chunk_sizes_nature_cnn32_one_call_gpu.json" ;;
     mpe)  # the multi-agent row: MPE simple-spread against the PettingZoo hand loop
       step 150 python3 -m jaxrunner bench --env mpe2:simple_spread_v3 --backend sync --num-envs 8 64 --rounds 3 --out "$OUT/bench_mpe_gpu.json"
       step 150 python3 -m jaxrunner bench --env mpe2:simple_spread_v3 --backend process --num-envs 8 64 --rounds 3 --out "$OUT/bench_mpe_process_gpu.json" ;;
@@ -69,5 +70,5 @@ run)
     esac
   done
   ;;
-*) echo "usage: $0 prepare|run" >&2; exit 2 ;;
+*) echo "usage: $0 prepare | run [STEP...]" >&2; exit 2 ;;
 esac
