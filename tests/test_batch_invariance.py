@@ -191,6 +191,28 @@ def test_chunked_apply_refuses_outputs_without_a_row_per_observation():
         chunked_apply(apply_fn, 0, 4)
 
 
+def test_one_chunk_calls_refuse_the_same_outputs_and_other_sizes(monkeypatch):
+    """An accelerator's one call (no loop) checks what the loop checks: one output row
+    per observation, and its rows exactly one chunk."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+
+    def apply_fn(params, obs, carry, keys):
+        return obs, {"mean": obs.mean()}, carry
+
+    def policy_fn(params, obs, carry, keys):
+        return obs, {}, carry
+
+    def call(fn, rows):
+        keys = _row_keys(np.arange(rows, dtype=np.uint32))
+        return jax.jit(chunked_apply(fn, 4, 4))(None, np.zeros((rows, 3)), None, keys, rows)
+
+    with pytest.raises(InvalidArgumentError, match=r"one row per observation.*got shape \(\)"):
+        call(apply_fn, 4)
+    with pytest.raises(InvalidArgumentError, match=r"8 rows, expected exactly chunk_rows=4"):
+        call(policy_fn, 8)
+    np.testing.assert_array_equal(call(policy_fn, 4)[0], np.zeros((4, 3)))
+
+
 def test_default_chunk_rows_follow_the_width_and_the_policy_cost():
     mlp, cnn = 9e3, 3e7  # flops per row: a CartPole 64-64 MLP, a NatureCNN (half the envs)
     widths = (1, 2, 8, 16, 64, 256, 4096)
@@ -312,8 +334,8 @@ def _samples(
 ) -> list[jr.Trajectory]:
     _, make_policy, steps = CASES[case]
     policy, params = make_policy()
-    # A CPU host's chunk at 16 envs on any platform (an accelerator's is every env: no
-    # call of fewer envs, nothing to compare).
+    # A CPU host's chunk at 16 envs on any platform (an accelerator's is every env: each
+    # call is the same one chunk, which test_one_chunk_... checks).
     with jr.EnvRunner(
         envs, policy, params, steps, SEED, num_splits=num_splits, chunk_rows=NUM_ENVS // 2
     ) as runner:
@@ -358,6 +380,8 @@ def test_one_chunk_of_every_env_is_the_same_bits_in_every_mode(case, platform, m
         monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     make_env, make_policy, steps = CASES[case]
     policy, params = make_policy()
+    # One call computes one chunk of every env; the loop, at least two chunks (one run).
+    rows = NUM_ENVS if platform == "an accelerator" else 2 * NUM_ENVS
     got = []
     for envs, splits in (
         (jr.make_vec(make_env, NUM_ENVS), 1),
@@ -368,6 +392,12 @@ def test_one_chunk_of_every_env_is_the_same_bits_in_every_mode(case, platform, m
             envs, policy, params, steps, SEED, num_splits=splits, chunk_rows=NUM_ENVS
         ) as runner:
             got.append([runner.sample() for _ in range(2)])
+            if splits is None:  # ready-first: calls of fewer envs than all ran
+                counts = runner.sampler.ready_first.ready_counts
+                assert sum(n for ready, n in counts.items() if ready < NUM_ENVS)
+            else:
+                blocks = runner.sampler._group._blocks.values()
+                assert {b.call.new_stage().obs.shape[0] for b in blocks} == {rows}
     for other in got[1:]:
         for ours, theirs in zip(other, got[0], strict=True):
             chex.assert_trees_all_equal(ours, theirs)

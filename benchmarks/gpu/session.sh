@@ -57,7 +57,7 @@ run)
       # time-out at 32 keeps the whole of 8.
       step 130 python3 benchmarks/peers.py --workload pong --widths 8 --peers-python "$py" --no-rllib --rounds 3 --seconds 1 --out "$OUT/peers_pong8_gpu.json"
       step 160 python3 benchmarks/peers.py --workload pong --widths 32 --peers-python "$py" --no-rllib --rounds 3 --seconds 1 --out "$OUT/peers_pong32_gpu.json" ;;
-    tests)  # the batch-invariance tests on this platform's default chunks
+    tests)  # the batch-invariance tests, on this platform (its one-chunk path included)
       step 150 python3 -m pytest -o addopts="" -p no:cacheprovider -q tests/test_batch_invariance.py ;;
     chunks)  # one NatureCNN call of 32 rows: plain, in two chunks (a loop), as one chunk
       step 60 python3 benchmarks/chunk_sizes.py --policy nature_cnn --rows 32 --chunks 16 32 --out "$OUT/chunk_sizes_nature_cnn32_one_call_gpu.json" ;;
@@ -66,7 +66,7 @@ run)
       step 150 python3 -m jaxrunner bench --env mpe2:simple_spread_v3 --backend process --num-envs 8 64 --rounds 3 --out "$OUT/bench_mpe_process_gpu.json" ;;
     async)  # EnvPool's async mode: the two halves gathered into one call, or each acting
       step 200 python3 benchmarks/envpool_reset_steps.py --workload pong --async-mode --per-recv --num-envs 8 32 --rollout-length 32 --reps 2 --rounds 5 --out "$OUT/envpool_per_recv_pong_gpu.json" ;;
-    *) echo "unknown step $name" ;;
+    *) echo "unknown step $name (steps: splits pong tests chunks mpe async)" >&2; exit 2 ;;
     esac
   done
   ;;

@@ -24,8 +24,8 @@ MAX_CHUNK_ROWS = 256
 """The largest default chunk on a CPU host."""
 ONE_CALL_ROWS = 512
 """Up to this many rows, an accelerator's default chunk is every row (one call, no loop);
-above, half of them (a chunk's compute then outweighs a loop trip's read-back, and a
-small ready-first call pads to half the rows, not all)."""
+above, the largest power of two up to half of them (a chunk's compute then outweighs a
+loop trip's read-back, and a small ready-first call pads to that, not to every row)."""
 
 
 def _pow2_floor(x: float) -> int:
@@ -66,7 +66,9 @@ def policy_flops_per_row(policy: Policy, params: Params, obs_space: spaces.Space
         try:
             # Lowered for a CPU host on any platform: an accelerator's lowering may have
             # no cost analysis, and the work per row is the policy's, not the device's.
-            shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
+            shapes = jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), args
+            )
             traced = jax.jit(policy.apply_fn).trace(*shapes)
             lowered = traced.lower(lowering_platforms=("cpu",))
             flops = (lowered.cost_analysis() or {}).get("flops")
@@ -104,7 +106,7 @@ def check_chunk_rows(chunk_rows: Any, where: str, none: str | None = None) -> An
 R = TypeVar("R")
 
 
-def one_call(chunk_rows: int, max_rows: int) -> bool:
+def is_one_call(chunk_rows: int, max_rows: int) -> bool:
     """Whether every call is one chunk computed with no loop: on an accelerator, where one
     chunk holds the ``max_rows`` of the largest call (a CPU host keeps the loop: XLA CPU
     removes the optimization barriers that would isolate the chunk)."""
@@ -113,10 +115,10 @@ def one_call(chunk_rows: int, max_rows: int) -> bool:
 
 def padded_rows(size: int, chunk_rows: int, max_rows: int) -> int:
     """The rows a call of ``size`` rows computes, for a policy chunk of ``chunk_rows`` where
-    no call holds more than ``max_rows``: one chunk where :func:`one_call` (every call
+    no call holds more than ``max_rows``: one chunk where :func:`is_one_call` (every call
     is then the same program), else whole chunks, at least two (with one, XLA drops the
     loop's dynamic slice and fuses the chunk differently, 1 ulp apart)."""
-    if one_call(chunk_rows, max_rows):
+    if is_one_call(chunk_rows, max_rows):
         return chunk_rows
     return max(2, -(-size // chunk_rows)) * chunk_rows
 
@@ -134,28 +136,38 @@ def chunked_apply(
     outputs are zeros). Raises InvalidArgumentError while tracing for a bad ``N`` or an
     output leaf without one row per input row.
 
-    Where :func:`one_call` (``max_rows``: the rows of the largest call), every call is
+    Where :func:`is_one_call` (``max_rows``: the rows of the largest call), every call is
     one chunk: ``apply_fn`` itself between optimization barriers, so that XLA compiles
     its rows the same way whatever the program around it (a loop's trip would read its
     condition back to the host)."""
     chunk_rows = check_chunk_rows(chunk_rows, "chunked_apply")
-    if one_call(chunk_rows, max_rows):
+    one_call = is_one_call(chunk_rows, max_rows)
+
+    def check_rows(keys: Any) -> int:
+        rows = jax.tree.leaves(keys)[0].shape[0]
+        if rows % chunk_rows or (one_call and rows != chunk_rows):
+            expected = "exactly" if one_call else "a multiple of"
+            raise InvalidArgumentError(
+                f"chunked_apply: {rows} rows, expected {expected} chunk_rows={chunk_rows}. "
+                "Pad the rows on the host (padding XLA can see through, a broadcast or a "
+                "constant gather, changes how it compiles the chunk)."
+            )
+        return rows
+
+    if one_call:
 
         def whole(params: Params, obs: Any, carry: Carry, keys: Any, num_rows: Any) -> R:
             del num_rows  # every row is computed: the call is one chunk
+            check_rows(keys)
             inputs = jax.lax.optimization_barrier((params, obs, carry, keys))
-            return jax.lax.optimization_barrier(apply_fn(*inputs))
+            outputs = apply_fn(*inputs)
+            _check_output_rows(outputs, chunk_rows)
+            return jax.lax.optimization_barrier(outputs)
 
         return whole
 
     def apply(params: Params, obs: Any, carry: Carry, keys: Any, num_rows: jax.Array) -> R:
-        rows = jax.tree.leaves(keys)[0].shape[0]
-        if rows % chunk_rows:
-            raise InvalidArgumentError(
-                f"chunked_apply: {rows} rows, expected a multiple of chunk_rows="
-                f"{chunk_rows}. Pad the rows on the host (padding XLA can see through, a "
-                "broadcast or a constant gather, changes how it compiles the chunk)."
-            )
+        rows = check_rows(keys)
         inputs = (obs, carry, keys)
 
         def traced_chunk(start: jax.Array) -> Any:
@@ -169,14 +181,7 @@ def chunked_apply(
             return converted(start, *consts)
 
         spec = jax.eval_shape(one_chunk, jnp.int32(0))
-        for leaf in jax.tree.leaves(spec):
-            if leaf.ndim == 0 or leaf.shape[0] != chunk_rows:
-                raise InvalidArgumentError(
-                    f"policy apply_fn: every output leaf must have one row per observation "
-                    f"([{chunk_rows}, ...] for {chunk_rows} rows), got shape "
-                    f"{tuple(leaf.shape)}. Return per-row actions, extras and carries (no "
-                    "batch statistics, no scalars)."
-                )
+        _check_output_rows(spec, chunk_rows)
         outputs = jax.tree.map(lambda s: jnp.zeros((rows, *s.shape[1:]), s.dtype), spec)
         num_chunks = (jnp.asarray(num_rows, jnp.int32) + chunk_rows - 1) // chunk_rows
 
@@ -193,3 +198,15 @@ def chunked_apply(
         return outputs
 
     return apply
+
+
+def _check_output_rows(outputs: Any, chunk_rows: int) -> None:
+    """Refuses a policy output leaf without one row per observation of a chunk."""
+    for leaf in jax.tree.leaves(outputs):
+        if leaf.ndim == 0 or leaf.shape[0] != chunk_rows:
+            raise InvalidArgumentError(
+                f"policy apply_fn: every output leaf must have one row per observation "
+                f"([{chunk_rows}, ...] for {chunk_rows} rows), got shape "
+                f"{tuple(leaf.shape)}. Return per-row actions, extras and carries (no "
+                "batch statistics, no scalars)."
+            )
