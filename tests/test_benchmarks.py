@@ -529,6 +529,27 @@ def test_chunk_sizes_times_the_plain_call_and_each_chunk(tmp_path):
     assert all(ms > 0 for ms in row["chunked_ms"].values())
 
 
+def test_one_agent_groups_times_the_dense_block_and_the_multi_agent_one(tmp_path):
+    pytest.importorskip("pettingzoo")
+    out = tmp_path / "one_agent_groups.json"
+    _run(
+        "one_agent_groups.py",
+        "--widths",
+        "2",
+        "--rounds",
+        "2",
+        "--seconds",
+        "0.05",
+        "--out",
+        str(out),
+    )
+    (row,) = json.loads(out.read_text())["results"]
+    med = row["median_steps_per_s"]
+    assert set(med) == {"dense", "one_agent_groups"} and min(med.values()) > 0
+    assert row["ratio"] == pytest.approx(med["one_agent_groups"] / med["dense"])
+    assert all(len(rates) == 2 for rates in row["rounds"].values())
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_suite_cpu_counts_each_kind_of_process_and_jax_compiles(tmp_path):
     child = tmp_path / "child.py"
