@@ -77,6 +77,13 @@ def pytest_sessionfinish(session, exitstatus):
         ray.shutdown()
 
 
+@pytest.fixture
+def cpu_defaults(monkeypatch):
+    """A CPU host's default splits and policy chunks on any platform (an accelerator takes
+    one split and one chunk of every row), for tests that assert them."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     """A local Ray instance (2 CPUs), started on first use and left running until the

@@ -232,13 +232,6 @@ def test_default_chunk_rows_follow_the_width_and_the_policy_cost():
         assert (n // 2) % default_chunk_rows(n, cnn, "cpu") == 0
 
 
-@pytest.fixture
-def cpu_defaults(monkeypatch):
-    """The defaults of a CPU host on any platform (an accelerator takes one split and
-    one chunk of every row: nothing to pad)."""
-    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
-
-
 @pytest.mark.usefixtures("cpu_defaults")
 @pytest.mark.parametrize(
     ("num_envs", "flops", "splits"),

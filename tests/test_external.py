@@ -476,13 +476,12 @@ def test_non_finite_observations_are_refused_even_where_the_space_is_unbounded(b
         assert env.get_metrics()["num_live_episodes"] == 1  # nothing was recorded
 
 
-def test_a_costly_policy_is_batched_in_small_chunks(monkeypatch):
+@pytest.mark.usefixtures("cpu_defaults")
+def test_a_costly_policy_is_batched_in_small_chunks():
     """A policy server's batches often hold one row, so a costly policy (a NatureCNN)
     keeps 8-row chunks on a CPU host, where a runner of 64 envs computes 32 rows a chunk
     (an accelerator's one chunk is every row, for both)."""
     from jaxrunner._src.samplers.batch_invariance import policy_chunk_rows
-
-    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
     from jaxrunner.models import nature_cnn_policy
 
     obs_space = spaces.Box(0, 255, (4, 84, 84), np.uint8)

@@ -171,9 +171,9 @@ class CompiledPolicyStep:
     ) -> None:
         num_envs = int(state.env_steps.shape[0])
         self.num_envs, self.chunk_rows = num_envs, chunk_rows
-        rows = size if chunk_rows is None else padded_rows(size, chunk_rows, num_envs)
-        chunked = None
+        rows, chunked = size, None
         if chunk_rows is not None:
+            rows = padded_rows(size, chunk_rows, num_envs)
             chunked = chunked_apply(policy.apply_fn, chunk_rows, num_envs)
         # The env's action travels in the same output only when it differs.
         self._env_actions = connectors is not None and bool(connectors.action)
