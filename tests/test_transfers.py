@@ -23,6 +23,7 @@ scope that allows transfers by name with ``jax.transfer_guard*("allow")``):
 from __future__ import annotations
 
 import collections
+import importlib
 from collections.abc import Callable, Iterator
 
 import jax
@@ -42,6 +43,9 @@ class TransferProbe:
     """Counts transfers by every route (see the module docstring)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        # The policy step reads the guards' levels from the objects it takes at import:
+        # loaded before the patch (jaxrunner loads it lazily), it takes JAX's own.
+        importlib.import_module("jaxrunner._src.samplers.policy_step")
         self.puts: list[int] = []  # arrays per jax.device_put call
         self.gets: list[int] = []  # arrays per jax.device_get call
         self.scopes: collections.Counter[str] = collections.Counter()  # "allow" scopes
