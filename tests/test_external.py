@@ -100,7 +100,8 @@ def test_log_action_stores_the_action_with_its_log_prob_under_current_params(ext
     assert episode.reward[0] == reward + 0.5 and episode.truncated and not episode.terminated
     params, _ = external.get_params()
     expected = policy.log_prob_fn(params, obs0[None], None, jnp.array([1]))
-    np.testing.assert_allclose(episode.extras["log_prob"][0], expected[0], rtol=1e-6)
+    # A GPU's matmul of one row and of the server's padded batch may round apart.
+    np.testing.assert_allclose(episode.extras["log_prob"][0], expected[0], rtol=1e-5)
 
 
 def test_policy_without_log_prob_fn_marks_logged_actions_nan():

@@ -64,13 +64,14 @@ def policy_flops_per_row(policy: Policy, params: Params, obs_space: spaces.Space
 
     def estimate() -> float | None:
         try:
-            # Lowered for a CPU host on any platform: an accelerator's lowering may have
-            # no cost analysis, and the work per row is the policy's, not the device's.
+            # Lowered for the CPU on any platform: a GPU's lowering has no cost analysis
+            # (nor has JAX 0.11's lowering_platforms=("cpu",) there), and the work per
+            # row is the policy's, not the device's.
             shapes = jax.tree.map(
                 lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), args
             )
-            traced = jax.jit(policy.apply_fn).trace(*shapes)
-            lowered = traced.lower(lowering_platforms=("cpu",))
+            with jax.default_device(jax.devices("cpu")[0]):
+                lowered = jax.jit(policy.apply_fn).lower(*shapes)
             flops = (lowered.cost_analysis() or {}).get("flops")
         except Exception:  # an estimate only: the runner's own compile reports real errors
             flops = None
