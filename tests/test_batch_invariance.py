@@ -28,7 +28,9 @@ from shuffled_sync import ShuffledSync
 import jaxrunner as jr
 from jaxrunner._src.samplers.batch_invariance import (
     chunked_apply,
+    compute_platform,
     default_chunk_rows,
+    is_one_call,
     policy_flops_per_row,
 )
 from jaxrunner._src.samplers.one_agent import OneAgentSampler
@@ -211,6 +213,23 @@ def test_one_chunk_calls_refuse_the_same_outputs_and_other_sizes(monkeypatch):
     with pytest.raises(InvalidArgumentError, match=r"8 rows, expected exactly chunk_rows=4"):
         call(policy_fn, 8)
     np.testing.assert_array_equal(call(policy_fn, 4)[0], np.zeros((4, 3)))
+
+
+def test_the_default_device_sets_the_platform_of_the_chunks_and_splits(monkeypatch):
+    """On an accelerator machine, a runner under jax.default_device(cpu) computes on the
+    CPU: it keeps the CPU's chunks and loop (XLA CPU drops the one call's barriers)."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert compute_platform() == "gpu" and is_one_call(8, 8)
+    assert default_chunk_rows(64, 9e3) == 64
+    with jax.default_device(jax.devices("cpu")[0]):
+        assert compute_platform() == "cpu" and not is_one_call(8, 8)
+        assert default_chunk_rows(64, 9e3) == default_chunk_rows(64, 9e3, "cpu") == 32
+        envs = jr.make_vec("CartPole-v1", 8)
+        policy = mlp_policy(envs.single_action_space)
+        params = policy.init(jax.random.key(0), envs.single_observation_space)
+        with jr.EnvRunner(envs, policy, params, 4, seed=0) as runner:
+            (block,) = runner.sampler._group._blocks.values()
+            assert block.call.new_stage().obs.shape[0] == 2 * 8  # the loop: two chunks of 8
 
 
 def test_default_chunk_rows_follow_the_width_and_the_policy_cost():

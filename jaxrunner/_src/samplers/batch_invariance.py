@@ -33,6 +33,13 @@ def _pow2_floor(x: float) -> int:
     return 1 << (max(int(x), 1).bit_length() - 1)
 
 
+def compute_platform() -> str:
+    """The platform new arrays and calls go to: the default device's (``jax.default_device``,
+    e.g. the CPU on a GPU machine) where one is set, else JAX's default backend."""
+    device = jax.config.jax_default_device  # type: ignore[attr-defined]
+    return jax.default_backend() if device is None else getattr(device, "platform", device)
+
+
 def default_chunk_rows(
     num_rows: int,
     flops_per_row: float | None = None,
@@ -41,10 +48,11 @@ def default_chunk_rows(
     small_calls: bool = False,
 ) -> int:
     """Rows per policy chunk for ``num_rows`` envs of a policy costing ``flops_per_row``
-    (None: unknown, taken as costly) on ``platform`` (default: JAX's). A function of
-    these only, never of the backend or grouping: every mode of a runner computes the
-    same chunks (the determinism guarantee). Why these sizes on CPU: docs/performance.md."""
-    platform = platform or jax.default_backend()
+    (None: unknown, taken as costly) on ``platform`` (default: :func:`compute_platform`).
+    A function of these only, never of the backend or grouping: every mode of a runner
+    computes the same chunks (the determinism guarantee). Why these sizes on CPU:
+    docs/performance.md."""
+    platform = platform or compute_platform()
     if platform != "cpu":  # one call: a loop's trip costs a device->host sync there
         return num_rows if num_rows <= ONE_CALL_ROWS else _pow2_floor(num_rows // 2)
     by_work = 0 if not flops_per_row or flops_per_row <= 0 else CHUNK_FLOPS / flops_per_row
@@ -111,7 +119,7 @@ def is_one_call(chunk_rows: int, max_rows: int) -> bool:
     """Whether every call is one chunk computed with no loop: on an accelerator, where one
     chunk holds the ``max_rows`` of the largest call (a CPU host keeps the loop: XLA CPU
     removes the optimization barriers that would isolate the chunk)."""
-    return chunk_rows >= max_rows and jax.default_backend() != "cpu"
+    return chunk_rows >= max_rows and compute_platform() != "cpu"
 
 
 def padded_rows(size: int, chunk_rows: int, max_rows: int) -> int:

@@ -7,7 +7,6 @@ import itertools
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
-import jax
 import numpy as np
 
 from jaxrunner._src.backends.capabilities import Capabilities
@@ -15,6 +14,7 @@ from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.cpu_dispatch import inline_cpu_dispatch
 from jaxrunner._src.samplers.batch_invariance import (
     CHUNK_FLOPS,
+    compute_platform,
     default_chunk_rows,
     policy_flops_per_row,
 )
@@ -67,7 +67,7 @@ def default_num_splits(envs: Stepped, costs: Sequence[GroupCost] = ()) -> int:
     num_envs, capabilities = envs.num_envs, envs.capabilities
     if capabilities.pipeline_bounds is not None:
         return len(capabilities.pipeline_bounds) - 1
-    if jax.default_backend() != "cpu":
+    if compute_platform() != "cpu":
         return 1
     if capabilities.pipeline_splits is not None:
         wanted = min(capabilities.pipeline_splits, num_envs)
