@@ -17,7 +17,6 @@ from jaxrunner._src.core.agent_groups import DEFAULT_POLICY_ID
 from jaxrunner._src.core.episode import AgentEpisode, Episode
 from jaxrunner._src.core.npz_reader import NpzReader
 from jaxrunner._src.core.runner_state import RunnerParts
-from jaxrunner._src.samplers.scan import ScanSampler
 
 EPISODE_SCALARS: dict[type, dict[str, type]] = {
     cls: {
@@ -49,7 +48,7 @@ def kept_episodes(parts: RunnerParts) -> dict[str, list[Any]]:
 
 def holds_env_states(parts: RunnerParts) -> bool:
     """The sampler's state holds the envs' (a pure-JAX env's scan): always saved."""
-    return isinstance(parts.sampler, ScanSampler)
+    return parts.sampler.on_device
 
 
 class KeptEpisodeReader(CheckpointReader):

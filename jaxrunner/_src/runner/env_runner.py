@@ -37,9 +37,7 @@ from jaxrunner._src.runner.env_runner_checks import (
 from jaxrunner._src.runner.kinds import kind_of
 from jaxrunner._src.runner.ownership import Ownership
 from jaxrunner._src.samplers.callbacks import Callbacks
-from jaxrunner._src.samplers.host_loop import HostLoop
 from jaxrunner._src.samplers.info_arrays import InfoKeys
-from jaxrunner._src.samplers.one_agent import OneAgentSampler
 
 
 class EnvRunner:
@@ -338,8 +336,7 @@ class EnvRunner:
     @property
     def num_splits(self) -> int:
         """Pipelining splits of the lockstep samplers (1 for the others)."""
-        sampler = self.sampler
-        return len(sampler.splits) if isinstance(sampler, HostLoop | OneAgentSampler) else 1
+        return len(self.sampler.splits)
 
     def to_policy_dict(self, value: Any, where: str) -> dict[str, Any]:
         """``value`` (params, connector state, ...) as this runner's methods take it

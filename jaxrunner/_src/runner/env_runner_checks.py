@@ -21,7 +21,6 @@ from jaxrunner._src.core.seeds import MAX_SEED
 from jaxrunner._src.samplers.agent_callbacks import STEP_HOOKS, AgentCallbacks, overrides
 from jaxrunner._src.samplers.batch_invariance import check_chunk_rows
 from jaxrunner._src.samplers.info_arrays import InfoKeys, check_info_keys
-from jaxrunner._src.samplers.scan import ScanSampler
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 
@@ -188,7 +187,7 @@ def check_loop_options(kind: Any, callbacks: Any, num_splits: Any, loop: str, fi
 def check_releasable(runner: Any, what: str, fix: str) -> None:
     """Refuses ``what`` (handing trajectories back) where ``runner`` samples a pure-JAX env,
     whose trajectories live on device; ``fix`` ends the message."""
-    if isinstance(runner.sampler, ScanSampler):
+    if runner.sampler.on_device:
         raise InvalidArgumentError(
             f"{type(runner).__name__}.{what}: a pure-JAX env's trajectories are device arrays "
             "built by its compiled scan, which allocates them itself; there is nothing to "

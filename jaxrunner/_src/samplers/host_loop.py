@@ -39,6 +39,7 @@ class HostLoop:
     lockstep backends; a ready-first backend takes ``num_splits`` None or 1.
     """
 
+    on_device = False  # host rollouts (see ScanSampler.on_device)
     saved_as = "MultiAgentSampler"
     """Its name in checkpoint files (their format predates the name HostLoop)."""
 

@@ -30,6 +30,8 @@ class OneAgentSampler:
     """Samples a single-agent vector env (just reset; ``obs`` its first observations)
     through :class:`HostLoop`, as a :class:`OneAgentSteps`."""
 
+    on_device = False  # host rollouts (see ScanSampler.on_device)
+
     def __init__(
         self,
         envs: Any,

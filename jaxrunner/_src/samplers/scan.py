@@ -60,8 +60,13 @@ class ScanSampler:
     policy and env run fused, with no phase to time apart.
     """
 
+    on_device = True
+    """Its rollouts and the envs' states are device arrays its compiled scan builds: there
+    is no host buffer to hand back, and checkpoints hold the envs' states."""
+
     def __init__(self, envs: JaxVectorEnv, setup: SamplerSetup) -> None:
         self.envs, self.rollout_length, self.metrics = envs, setup.rollout_length, setup.metrics
+        self.splits = [slice(0, envs.num_envs)]  # one compiled scan of every env
         self._env_params = jax.device_put(envs.params)
         num_envs, seed = envs.num_envs, setup.seed
         policies, connectors = dict(setup.policies), dict(setup.connectors)
