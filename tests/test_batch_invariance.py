@@ -224,12 +224,15 @@ def test_the_default_device_sets_the_platform_of_the_chunks_and_splits(monkeypat
     with jax.default_device(jax.devices("cpu")[0]):
         assert compute_platform() == "cpu" and not is_one_call(8, 8)
         assert default_chunk_rows(64, 9e3) == default_chunk_rows(64, 9e3, "cpu") == 32
-        envs = jr.make_vec("CartPole-v1", 8)
+        envs = jr.make_vec("CartPole-v1", 8)  # asking for two splits, as the process backend
+        envs.capabilities = dataclasses.replace(envs.capabilities, pipeline_splits=2)
         policy = mlp_policy(envs.single_action_space)
         params = policy.init(jax.random.key(0), envs.single_observation_space)
         with jr.EnvRunner(envs, policy, params, 4, seed=0) as runner:
-            (block,) = runner.sampler._group._blocks.values()
-            assert block.call.new_stage().obs.shape[0] == 2 * 8  # the loop: two chunks of 8
+            assert runner.num_splits == 2  # an accelerator takes one
+            blocks = runner.sampler._group._blocks.values()
+            # The loop: two chunks of 8 rows a split (one call would be one chunk).
+            assert {b.call.new_stage().obs.shape[0] for b in blocks} == {2 * 8}
 
 
 def test_default_chunk_rows_follow_the_width_and_the_policy_cost():

@@ -412,7 +412,7 @@ def test_default_splits_two_from_the_rows_where_they_pay(monkeypatch):
     for vec, splits in cases:
         with vec:
             assert pipeline_splits.default_num_splits(vec) == splits
-            monkeypatch.setattr(pipeline_splits.jax, "default_backend", lambda: "gpu")
+            monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
             assert pipeline_splits.default_num_splits(vec) == 1
             monkeypatch.undo()
 

@@ -114,15 +114,15 @@ def test_default_splits_follow_the_lockstep_samplers_rule(monkeypatch):
     # On an accelerator: one split at any width (each split pays a policy call's
     # host-side cost again); on a CPU host with asynchronous dispatch, two from
     # PIPELINE_MIN_ENVS.
-    monkeypatch.setattr(pipeline_splits.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 8)
     with jr.EnvRunner(envs, random_policy(3), zero_params(3), 3, seed=0) as runner:
         assert runner.sampler.splits == [slice(0, 8)]
     for num_envs, gpu, cpu in ((pipeline_splits.PIPELINE_MIN_ENVS - 1, 1, 1), (256, 1, 2)):
         stepped = types.SimpleNamespace(num_envs=num_envs, capabilities=envs.capabilities)
-        monkeypatch.setattr(pipeline_splits.jax, "default_backend", lambda: "gpu")
+        monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
         assert pipeline_splits.default_num_splits(stepped) == gpu  # type: ignore[arg-type]
-        monkeypatch.setattr(pipeline_splits.jax, "default_backend", lambda: "cpu")
+        monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
         monkeypatch.setattr(pipeline_splits, "inline_cpu_dispatch", lambda: False)
         assert pipeline_splits.default_num_splits(stepped) == cpu  # type: ignore[arg-type]
 
