@@ -57,9 +57,11 @@ run)
       # time-out at 32 keeps the whole of 8.
       step 130 python3 benchmarks/peers.py --workload pong --widths 8 --peers-python "$py" --no-rllib --rounds 3 --seconds 1 --out "$OUT/peers_pong8_gpu.json"
       step 160 python3 benchmarks/peers.py --workload pong --widths 32 --peers-python "$py" --no-rllib --rounds 3 --seconds 1 --out "$OUT/peers_pong32_gpu.json" ;;
-    tests)  # batch invariance (its one-chunk path), the counted transfers, the policy server
+    tests)  # batch invariance (its one-chunk path), the counted transfers, the policy server,
+      # the split rules (they fake each platform in turn)
       step 300 python3 -m pytest -o addopts="" -p no:cacheprovider -q tests/test_batch_invariance.py \
-        tests/test_transfers.py tests/test_external.py ;;
+        tests/test_transfers.py tests/test_external.py tests/test_multi_agent_pipeline.py \
+        tests/test_envs_process.py -k "not test_envs_process or default_splits" ;;
     chunks)  # one NatureCNN call of 32 rows: plain, in two chunks (a loop), as one chunk
       step 60 python3 benchmarks/chunk_sizes.py --policy nature_cnn --rows 32 --chunks 16 32 --out "$OUT/chunk_sizes_nature_cnn32_one_call_gpu.json" ;;
     mpe)  # the multi-agent row: MPE simple-spread against the PettingZoo hand loop
