@@ -14,17 +14,15 @@ from typing import TYPE_CHECKING, Any
 # Public names load on first use (``__getattr__``): a worker skips the rest (~1 s of CPU).
 if TYPE_CHECKING:
     from jaxrunner import connectors, cpu_dispatch, errors, models, multi_agent, serve, testing
-    from jaxrunner._src.backends.base import VectorEnv
-    from jaxrunner._src.backends.batch_step import BatchStep
+    from jaxrunner._src.backends.base import MultiAgentVectorEnv, VectorEnv
     from jaxrunner._src.backends.envpool import EnvPoolVectorEnv
     from jaxrunner._src.backends.gymnasium_adapter import GymnasiumVectorEnv, from_gymnasium
     from jaxrunner._src.backends.jax_env import JaxVectorEnv
-    from jaxrunner._src.backends.make_vec import make_vec
-    from jaxrunner._src.backends.multi_agent.make import make_multi_agent_vec
-    from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
+    from jaxrunner._src.backends.make_vec import make_multi_agent_vec, make_vec
     from jaxrunner._src.backends.process import ProcessConfig, ProcessVectorEnv
     from jaxrunner._src.backends.ray import RayConfig, RayVectorEnv
     from jaxrunner._src.backends.restarts import RestartPolicy
+    from jaxrunner._src.backends.steps import BatchStep
     from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
     from jaxrunner._src.backends.sync import SyncVectorEnv
     from jaxrunner._src.checkpoints.checkpoint import RestoreReport
@@ -48,14 +46,12 @@ __version__ = "0.1.0"
 
 # Where each public name lives, as imported above for type checkers.
 _SOURCES = {
-    "jaxrunner._src.backends.base": "VectorEnv",
-    "jaxrunner._src.backends.batch_step": "BatchStep",
+    "jaxrunner._src.backends.base": "MultiAgentVectorEnv VectorEnv",
+    "jaxrunner._src.backends.steps": "BatchStep",
     "jaxrunner._src.backends.envpool": "EnvPoolVectorEnv",
     "jaxrunner._src.backends.gymnasium_adapter": "GymnasiumVectorEnv from_gymnasium",
     "jaxrunner._src.backends.jax_env": "JaxVectorEnv",
-    "jaxrunner._src.backends.make_vec": "make_vec",
-    "jaxrunner._src.backends.multi_agent.make": "make_multi_agent_vec",
-    "jaxrunner._src.backends.multi_agent.vector_env": "MultiAgentVectorEnv",
+    "jaxrunner._src.backends.make_vec": "make_multi_agent_vec make_vec",
     "jaxrunner._src.backends.process": "ProcessConfig ProcessVectorEnv",
     "jaxrunner._src.backends.ray": "RayConfig RayVectorEnv",
     "jaxrunner._src.backends.restarts": "RestartPolicy",

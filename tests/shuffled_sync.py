@@ -8,9 +8,9 @@ import jax
 import numpy as np
 
 import jaxrunner as jr
-from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.capabilities import Capabilities
-from jaxrunner._src.backends.multi_agent.vector_env import SyncMultiAgentVectorEnv
+from jaxrunner._src.backends.steps import BatchStep
+from jaxrunner._src.backends.sync import SyncMultiAgentVectorEnv
 
 
 class ShuffledSync(jr.SyncVectorEnv):

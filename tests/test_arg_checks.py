@@ -18,8 +18,8 @@ from jaxrunner._src.arg_checks import (
     check_number,
     is_int,
 )
-from jaxrunner._src.backends.multi_agent.vector_env import SyncMultiAgentVectorEnv
 from jaxrunner._src.backends.restarts import check_restart_policy
+from jaxrunner._src.backends.sync import SyncMultiAgentVectorEnv
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 from jaxrunner.testing import CountingEnv
 

@@ -20,8 +20,8 @@ from gymnasium import spaces
 
 import jaxrunner as jr
 from jaxrunner._src.backends.gymnasium_block import GymnasiumBlock
-from jaxrunner._src.backends.multi_agent.vector_env import SyncMultiAgentVectorEnv
-from jaxrunner._src.backends.step_buffers import StepBuffers
+from jaxrunner._src.backends.steps import StepBuffers
+from jaxrunner._src.backends.sync import SyncMultiAgentVectorEnv
 from jaxrunner.errors import (
     EnvError,
     InvalidActionError,

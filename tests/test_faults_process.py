@@ -466,7 +466,7 @@ RESET_RAISES = FaultPlan(kind="raise", call="reset", at=(1,))
 
 
 def test_multi_agent_restarts_of_failed_resets_are_counted():
-    from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
+    from jaxrunner._src.backends.process.vector_env import ProcessMultiAgentVectorEnv
     from jaxrunner.testing import coming_and_going, faulty_env_fns
 
     fault = FaultPlan(kind="raise", call="reset", at=(2,))

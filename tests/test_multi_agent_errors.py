@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("pettingzoo")
 
 import jaxrunner as jr
-from jaxrunner._src.backends.multi_agent.vector_env import SyncMultiAgentVectorEnv
+from jaxrunner._src.backends.sync import SyncMultiAgentVectorEnv
 from jaxrunner.errors import (
     EnvError,
     InvalidArgumentError,

@@ -19,8 +19,8 @@ import pytest
 pytest.importorskip("pettingzoo")
 
 import jaxrunner as jr
-from jaxrunner._src.backends.multi_agent.vector_env import SyncMultiAgentVectorEnv
-from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
+from jaxrunner._src.backends.process.vector_env import ProcessMultiAgentVectorEnv
+from jaxrunner._src.backends.sync import SyncMultiAgentVectorEnv
 from jaxrunner.errors import (
     EnvError,
     InvalidArgumentError,
@@ -214,7 +214,7 @@ def test_a_sync_sub_env_that_kills_its_process_takes_the_sampler_with_it(kind, r
     code = textwrap.dedent(f"""
         import numpy as np
         import jaxrunner as jr
-        from jaxrunner._src.backends.multi_agent.vector_env import SyncMultiAgentVectorEnv
+        from jaxrunner._src.backends.sync import SyncMultiAgentVectorEnv
         from jaxrunner.testing import FaultPlan, coming_and_going, faulty_env_fns
         fault = FaultPlan(kind={kind!r}, at=({AT},))
         fns = faulty_env_fns(coming_and_going, 2, {{1: [fault]}})

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("pettingzoo")
 
 import jaxrunner as jr
-from jaxrunner._src.backends.multi_agent.buffers import FIELDS
+from jaxrunner._src.backends.steps import FIELDS
 from jaxrunner.errors import InvalidStepError
 from jaxrunner.testing import coming_and_going
 from tests.multi_agent_envs import BadOutputs, tictactoe_with_infos

@@ -156,7 +156,7 @@ def test_a_dead_workers_slots_are_counted_lost_or_unrun(
 
 
 def test_process_get_num_restarts_after_close_is_a_closed_error():
-    from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
+    from jaxrunner._src.backends.process.vector_env import ProcessMultiAgentVectorEnv
 
     envs = ProcessMultiAgentVectorEnv(
         [jr.testing.coming_and_going] * 2, config=jr.ProcessConfig(num_workers=1)

@@ -1,4 +1,5 @@
-"""The contract every vector-env backend keeps: ``reset_batch``, ``send(actions, env_ids)``
+"""The contract every vector-env backend keeps, for either kind of env (:class:`VectorEnv`,
+:class:`MultiAgentVectorEnv`): ``reset_batch``, ``send(actions, env_ids)``
 and ``recv()``, SAME_STEP autoreset, declared capabilities. See docs/concepts.md
 (the vector-env contract) and ``jaxrunner.testing.VectorEnvContract``."""
 
@@ -15,9 +16,9 @@ from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.arg_checks import is_int
-from jaxrunner._src.backends.batch_step import BatchStep, EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.backends.steps import BatchStep, EnvIds, MultiAgentStep
 from jaxrunner._src.core.agent_groups import AgentGroup, GroupedAgents
 from jaxrunner.errors import (
     ClosedError,
@@ -371,3 +372,44 @@ class VectorEnv(GroupedAgents, BaseVectorEnv, gymnasium.vector.VectorEnv):
         if not self.copy:
             return obs
         return space_arrays.map_structure(self.single_observation_space, np.copy, obs)
+
+
+class MultiAgentVectorEnv(GroupedAgents, BaseVectorEnv):
+    """Base of the multi-agent backends (the contract: docs/multi-agent.md): the core's
+    :class:`~jaxrunner._src.backends.base.BaseVectorEnv` with multi-agent steps."""
+
+    multi_agent = True
+    turn_based: bool
+    """AEC sub-envs: one agent acts per step."""
+
+    @abc.abstractmethod
+    def reset_batch(
+        self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
+    ) -> MultiAgentStep:
+        """Resets sub-env ``i`` with ``seeds[i]``; the step says who acts first on what.
+        The results of sends not yet received are dropped."""
+
+    @abc.abstractmethod
+    def send(self, actions: Sequence[Any], env_ids: EnvIds = None) -> None:
+        """Starts one step of the contiguous block ``env_ids`` (None: every env; else a
+        slice with step 1): ``actions[g]`` is group ``g``'s ``[hi - lo, A_g, ...]``
+        batch, validated whole before any sub-env steps. Sends of disjoint blocks may
+        be in flight together."""
+
+    @abc.abstractmethod
+    def recv(self) -> MultiAgentStep:
+        """The results of one earlier :meth:`send` (the oldest, unless
+        ``capabilities.ready_first``: then a block whose envs are ready);
+        ``MultiAgentStep.env_ids`` says which envs they are."""
+
+    def step_batch(self, actions: Sequence[Any]) -> MultiAgentStep:
+        """Steps every sub-env once (:meth:`send` of every env, then :meth:`recv`)."""
+        self.send(actions, None)
+        return self.recv()
+
+    @abc.abstractmethod
+    def reset_at(
+        self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Resets sub-env ``index`` alone (the others are untouched); returns its reset
+        infos. Its row of the buffers then holds the new episode's first agents."""

@@ -13,7 +13,6 @@ from gymnasium.vector import AutoresetMode
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv, check_seed_count
-from jaxrunner._src.backends.batch_step import BatchStep, EnvIds, block_rows
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.envpool_calls import (
     EnvPoolActions,
@@ -23,6 +22,7 @@ from jaxrunner._src.backends.envpool_calls import (
     pool_builder,
 )
 from jaxrunner._src.backends.gymnasium_adapter import GymnasiumVectorEnv, gymnasium_seed
+from jaxrunner._src.backends.steps import BatchStep, EnvIds, block_rows
 from jaxrunner._src.backends.vector_infos import EMPTY_RESET_INFOS, SplitInfos
 from jaxrunner._src.space_arrays.checks import check_finite_observations
 from jaxrunner.errors import InvalidArgumentError

@@ -12,7 +12,6 @@ from gymnasium.vector import AutoresetMode
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv, check_seed_count
-from jaxrunner._src.backends.batch_step import BatchStep, EnvIds, block_rows
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.envpool_calls import (
     EnvPoolActions,
@@ -21,6 +20,7 @@ from jaxrunner._src.backends.envpool_calls import (
     every_seed,
     pool_builder,
 )
+from jaxrunner._src.backends.steps import BatchStep, EnvIds, block_rows
 from jaxrunner._src.backends.vector_infos import ResetInfos, SplitInfos
 from jaxrunner.errors import InvalidArgumentError
 

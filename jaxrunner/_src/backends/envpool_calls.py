@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src.backends.batch_step import EnvIds
+from jaxrunner._src.backends.steps import EnvIds
 from jaxrunner._src.space_arrays.actions import check_action_batch, passing_batch_test
 from jaxrunner.errors import EnvIndexError, InvalidActionError, InvalidArgumentError
 

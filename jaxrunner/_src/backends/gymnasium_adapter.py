@@ -13,11 +13,11 @@ from gymnasium.vector import AutoresetMode
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv, check_seed_count
-from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.gymnasium_sub_envs import GymnasiumSubEnvs
 from jaxrunner._src.backends.in_process import InProcessSends
 from jaxrunner._src.backends.masked_reset import MaskedReset, masked_reset_for
+from jaxrunner._src.backends.steps import BatchStep
 from jaxrunner._src.backends.vector_infos import (
     EMPTY_RESET_INFOS,
     ResetInfos,

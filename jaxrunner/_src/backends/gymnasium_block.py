@@ -13,7 +13,7 @@ import numpy as np
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.env_api import reset_result, step_result
 from jaxrunner._src.backends.restarts import RestartPolicy
-from jaxrunner._src.backends.step_buffers import StepBuffers, fail_slot
+from jaxrunner._src.backends.steps import StepBuffers, fail_slot
 from jaxrunner._src.backends.sub_env_block import (
     DONE,
     RUNNING,

@@ -9,7 +9,6 @@ import pickle
 from collections.abc import Sequence
 from typing import Any
 
-from jaxrunner._src.backends.batch_step import EnvIds, block_rows
 from jaxrunner._src.backends.remote_sub_envs import RemoteSubEnvs
 from jaxrunner._src.backends.restarts import close_quietly
 from jaxrunner._src.backends.snapshots import (
@@ -17,6 +16,7 @@ from jaxrunner._src.backends.snapshots import (
     snapshot_dumps,
     valid_restart_state,
 )
+from jaxrunner._src.backends.steps import EnvIds, block_rows
 from jaxrunner._src.backends.sub_env_block import SubEnvBlock
 from jaxrunner.errors import InvalidArgumentError
 

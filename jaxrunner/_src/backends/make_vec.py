@@ -1,7 +1,9 @@
-"""``make_vec``: a vector env of either kind on any backend."""
+"""``make_vec``: a vector env of either kind on any backend (and ``make_multi_agent_vec``,
+its alias for PettingZoo envs)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, overload
 
@@ -10,7 +12,7 @@ from gymnasium.vector import AutoresetMode
 
 from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.backends.auto import LayoutChoice, choose_for
-from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.base import MultiAgentVectorEnv, VectorEnv
 from jaxrunner._src.backends.env_api import is_multi_agent_env, with_namespace_hint
 from jaxrunner._src.backends.envpool import make_envpool_vec
 from jaxrunner._src.backends.factories import (
@@ -22,15 +24,12 @@ from jaxrunner._src.backends.factories import (
     first_env,
 )
 from jaxrunner._src.backends.gymnasium_adapter import GymnasiumVectorEnv
-from jaxrunner._src.backends.multi_agent.vector_env import (
-    MultiAgentVectorEnv,
-    SyncMultiAgentVectorEnv,
-)
 from jaxrunner._src.backends.process import ProcessConfig, make_process_vec
 from jaxrunner._src.backends.process.launch import check_main_guard
 from jaxrunner._src.backends.ray import RayConfig, RayVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy, close_quietly
-from jaxrunner._src.backends.sync import SyncVectorEnv
+from jaxrunner._src.backends.sub_env_block import EnvFactory
+from jaxrunner._src.backends.sync import SyncMultiAgentVectorEnv, SyncVectorEnv
 from jaxrunner._src.core.agent_groups import PolicyMappingFn
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
@@ -319,3 +318,66 @@ def check_vec_options(
             "restart sub-envs. Use backend='sync', 'process', 'ray' or 'auto', or leave "
             "restart_policy=None."
         )
+
+
+def make_multi_agent_vec(
+    env_fn: EnvFactory | Sequence[EnvFactory],
+    num_envs: int,
+    backend: str = "sync",
+    seed: int | None = None,
+    *,
+    policy_mapping_fn: PolicyMappingFn | None = None,
+    config: ProcessConfig | RayConfig | None = None,
+    restart_policy: RestartPolicy | None = None,
+    num_workers: int | None = None,
+) -> MultiAgentVectorEnv:
+    """``make_vec(env_fn, num_envs, backend, seed, ...)`` for PettingZoo envs: an alias
+    kept for older code; :func:`jaxrunner.make_vec` builds both kinds of env.
+
+    Takes :func:`jaxrunner.make_vec`'s arguments (``env_fn`` is its ``env``: factories
+    only, no env kwargs), and refuses a factory of gymnasium envs. ``num_workers`` is
+    deprecated (a ``FutureWarning``), to be removed:
+    ``config=ProcessConfig(num_workers=...)``.
+    """
+    if num_workers is not None:
+        config = _deprecated_num_workers(num_workers, backend, config)
+    vec = make_vec(
+        env_fn,
+        num_envs,
+        backend,
+        seed,
+        config=config,
+        restart_policy=restart_policy,
+        policy_mapping_fn=policy_mapping_fn,
+    )
+    if not isinstance(vec, MultiAgentVectorEnv):
+        vec.close()
+        raise InvalidArgumentTypeError(
+            "make_multi_agent_vec: the env factory made a gymnasium env, not a PettingZoo "
+            "one. make_vec builds both kinds: call jaxrunner.make_vec(env_fn, num_envs, ...)."
+        )
+    return vec
+
+
+def _deprecated_num_workers(
+    num_workers: int, backend: str, config: ProcessConfig | RayConfig | None
+) -> ProcessConfig:
+    """The ``num_workers`` shorthand as the config it stands for, with its warning."""
+    if backend != "process":
+        raise InvalidArgumentError(
+            f"make_multi_agent_vec(backend={backend!r}, num_workers=...): num_workers applies "
+            "to backend='process' only (and is deprecated: use "
+            "config=jaxrunner.ProcessConfig(num_workers=...))."
+        )
+    if config is not None:
+        raise InvalidArgumentError(
+            "make_multi_agent_vec(backend='process', num_workers=..., config=...): give "
+            "the worker count in one place, ProcessConfig(num_workers=...)."
+        )
+    warnings.warn(
+        "make_multi_agent_vec(num_workers=...) is deprecated and will be removed; pass "
+        f"config=jaxrunner.ProcessConfig(num_workers={num_workers!r}), as make_vec takes it.",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return ProcessConfig(num_workers=num_workers)

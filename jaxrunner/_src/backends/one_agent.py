@@ -11,8 +11,7 @@ from typing import Any
 import numpy as np
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.batch_step import BatchStep, EnvIds
-from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers, MultiAgentStep
+from jaxrunner._src.backends.steps import BatchStep, EnvIds, GroupBuffers, MultiAgentStep
 from jaxrunner._src.core.agent_groups import DEFAULT_POLICY_ID
 
 _new_step = tuple.__new__

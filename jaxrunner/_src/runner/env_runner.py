@@ -11,9 +11,8 @@ from typing import Any
 import jax
 
 from jaxrunner._src.arg_checks import check_bool, check_int
-from jaxrunner._src.backends.base import BaseVectorEnv, VectorEnv
+from jaxrunner._src.backends.base import BaseVectorEnv, MultiAgentVectorEnv, VectorEnv
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
-from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.checkpoints import checkpoint
 from jaxrunner._src.checkpoints.checkpoint import RestoreReport
 from jaxrunner._src.checkpoints.checkpoint_file import MAX_RESTORE_BYTES

@@ -11,9 +11,8 @@ import gymnasium
 import jax
 
 from jaxrunner._src.arg_checks import check_bool, check_int
-from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.base import MultiAgentVectorEnv, VectorEnv
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
-from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.backends.vector_wrappers import vector_wrapper_hint
 from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.core.policy import Params, Policy, one_row_args

@@ -10,7 +10,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers
+from jaxrunner._src.backends.steps import GroupBuffers
 from jaxrunner._src.core.multi_agent_trajectory import GroupTrajectory
 from jaxrunner._src.core.policy import Params
 from jaxrunner._src.samplers.group_step import GroupSampler, RowsPart

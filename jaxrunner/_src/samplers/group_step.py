@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers
+from jaxrunner._src.backends.steps import GroupBuffers
 from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.connectors.sample_end import SampleEnd
 from jaxrunner._src.core.agent_groups import AgentGroup

@@ -10,9 +10,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers, MultiAgentStep
-from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
+from jaxrunner._src.backends.base import MultiAgentVectorEnv
 from jaxrunner._src.backends.one_agent import OneAgentSteps
+from jaxrunner._src.backends.steps import GroupBuffers, MultiAgentStep
 from jaxrunner._src.connectors.pipeline import ConnectorsState
 from jaxrunner._src.core.metrics import PERF_KEYS
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory, compact_group

@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers, MultiAgentStep
+from jaxrunner._src.backends.steps import GroupBuffers, MultiAgentStep
 from jaxrunner._src.samplers.agent_callbacks import overrides
 from jaxrunner._src.samplers.callbacks import Callbacks, LiveEpisode
 

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.multi_agent.buffers import FIELDS, GroupBuffers, MultiAgentStep
+from jaxrunner._src.backends.steps import FIELDS, GroupBuffers, MultiAgentStep
 from jaxrunner._src.core.policy import Params
 from jaxrunner._src.samplers.group_rows import GroupRows
 from jaxrunner._src.samplers.sampler import StepProgress

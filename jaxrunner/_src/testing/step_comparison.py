@@ -15,8 +15,7 @@ from gymnasium import spaces
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.batch_step import BatchStep
-from jaxrunner._src.backends.multi_agent.buffers import MultiAgentStep
+from jaxrunner._src.backends.steps import BatchStep, MultiAgentStep
 from jaxrunner._src.testing.assertions import assert_trees_equal
 from jaxrunner._src.testing.reference import ONE_AGENT, ByHand, ExpectedRow
 

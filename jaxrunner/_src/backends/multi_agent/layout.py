@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers
+from jaxrunner._src.backends.steps import GroupBuffers
 from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner.errors import EnvError
 

@@ -15,7 +15,7 @@ from jaxrunner._src.backends.sub_env_block import EnvFactory
 from jaxrunner._src.core.agent_groups import PolicyMappingFn
 
 if TYPE_CHECKING:
-    from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
+    from jaxrunner._src.backends.base import MultiAgentVectorEnv
 
 
 def make_process_vec(
@@ -39,7 +39,7 @@ def make_process_vec(
             return ProcessVectorEnv(
                 env_fns, config, restart_policy=restart_policy, _transport=transport
             )
-        from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
+        from jaxrunner._src.backends.process.vector_env import ProcessMultiAgentVectorEnv
 
         return ProcessMultiAgentVectorEnv(
             env_fns, policy_mapping_fn, config=config, restart_policy=restart_policy,

@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 
 import jaxrunner._src.backends.process.protocol as protocol
-from jaxrunner._src.backends.batch_step import BatchStep, EnvIds, block_rows
 from jaxrunner._src.backends.process.handle import WorkerLost
 from jaxrunner._src.backends.process.pool import LOST, WorkerPool
 from jaxrunner._src.backends.process.recovery import Sent, WorkerRecovery
 from jaxrunner._src.backends.process.shared import BlockLayout, StepOutcome
+from jaxrunner._src.backends.steps import BatchStep, EnvIds, block_rows
 from jaxrunner._src.backends.sub_env_block import NOT_RUN, stepped_runs
 from jaxrunner.errors import InvalidArgumentError
 

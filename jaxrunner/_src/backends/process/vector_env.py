@@ -1,5 +1,6 @@
 """The process backend for either kind of sub-env (the per-kind part: a
-:class:`~.shared.BlockLayout`), and ``ProcessVectorEnv``, its gymnasium shell."""
+:class:`~.shared.BlockLayout`), and its two shells, ``ProcessVectorEnv`` (gymnasium) and
+``ProcessMultiAgentVectorEnv`` (PettingZoo)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,22 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from jaxrunner._src.arg_checks import check_config
-from jaxrunner._src.backends.base import VectorEnv, check_env_fns, check_seed_count
-from jaxrunner._src.backends.batch_step import EnvIds
+from jaxrunner._src.backends.base import (
+    MultiAgentVectorEnv,
+    VectorEnv,
+    check_env_fns,
+    check_seed_count,
+)
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.process.config import ProcessConfig
 from jaxrunner._src.backends.process.handle import shutdown
-from jaxrunner._src.backends.process.shared import BlockLayout, Layout
+from jaxrunner._src.backends.process.shared import AgentLayout, BlockLayout, Layout
 from jaxrunner._src.backends.process.transport import ProcessTransport, Report
 from jaxrunner._src.backends.remote_sub_envs import RemoteSubEnvs
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
+from jaxrunner._src.backends.steps import EnvIds
 from jaxrunner._src.backends.sub_env_block import EnvFactory
-from jaxrunner._src.core.agent_groups import AgentGroup
+from jaxrunner._src.core.agent_groups import AgentGroup, PolicyMappingFn
 from jaxrunner.errors import InvalidArgumentError
 
 TWO_SPLITS_MIN_ROWS = 16
@@ -263,3 +269,32 @@ class ProcessVectorEnv(ProcessBackend, VectorEnv):
 
     def _obs_buffer(self) -> Any:
         return self._views.buffers.obs
+
+
+class ProcessMultiAgentVectorEnv(ProcessBackend, MultiAgentVectorEnv):
+    """Multi-agent sub-envs in worker processes (see docs/multi-agent.md): the multi-agent
+    shell of :class:`~.vector_env.ProcessBackend`, step for step equal to the sync
+    multi-agent backend for the same seeds and actions, whatever the number of workers.
+    ``config``, ``restart_policy``, faults and their accounting are as for
+    :class:`~jaxrunner.ProcessVectorEnv`; ``policy_mapping_fn`` as for the sync backend.
+    """
+
+    _reset_call = "reset_batch"
+
+    def __init__(
+        self,
+        env_fns: Sequence[EnvFactory],
+        policy_mapping_fn: PolicyMappingFn | None = None,
+        *,
+        config: ProcessConfig | None = None,
+        restart_policy: RestartPolicy | None = None,
+        _transport: ProcessTransport | None = None,
+    ) -> None:
+        super().__init__()
+        self._mapping = policy_mapping_fn
+        self._start(env_fns, config, restart_policy, "make_vec", _transport)
+
+    def _layout_for(self, reports: list[Report]) -> AgentLayout:
+        layout = AgentLayout.from_reports(reports, self.num_envs, self._mapping)
+        self.groups, self.turn_based = layout.groups, layout.description.turn_based
+        return layout

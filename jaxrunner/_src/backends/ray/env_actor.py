@@ -10,14 +10,12 @@ import gymnasium
 import numpy as np
 
 from jaxrunner._src import space_arrays
+from jaxrunner._src.backends.agent_block import AgentBlock, env_groups
 from jaxrunner._src.backends.base import check_equal_spaces
-from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.gymnasium_block import ActionSplitters, GymnasiumBlock
-from jaxrunner._src.backends.multi_agent.agent_block import AgentBlock, env_groups
-from jaxrunner._src.backends.multi_agent.buffers import FIELDS, MultiAgentStep
 from jaxrunner._src.backends.ray.progress import SharedMarks, attach
 from jaxrunner._src.backends.restarts import RestartPolicy, closing_on_error
-from jaxrunner._src.backends.step_buffers import StepBuffers
+from jaxrunner._src.backends.steps import FIELDS, BatchStep, MultiAgentStep, StepBuffers
 from jaxrunner._src.backends.sub_env_block import (
     EnvFactory,
     SubEnvBlock,

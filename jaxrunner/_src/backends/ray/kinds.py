@@ -10,11 +10,17 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
-from jaxrunner._src.backends.multi_agent.buffers import AgentStepBuffers, MultiAgentStep, StepViews
 from jaxrunner._src.backends.ray.env_actor import AgentEnvWorker, BlockReply, EnvWorker
-from jaxrunner._src.backends.step_buffers import StepBuffers, fail_slot, span
+from jaxrunner._src.backends.steps import (
+    AgentStepBuffers,
+    BatchStep,
+    MultiAgentStep,
+    StepBuffers,
+    StepViews,
+    fail_slot,
+    span,
+)
 from jaxrunner._src.backends.sub_env_block import PerSize
 from jaxrunner.errors import SpaceMismatchError
 

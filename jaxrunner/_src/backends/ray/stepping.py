@@ -11,7 +11,6 @@ import numpy as np
 
 from jaxrunner._src.arg_checks import check_config
 from jaxrunner._src.backends.base import check_env_fns, check_seed_count
-from jaxrunner._src.backends.batch_step import EnvIds, block_rows
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.ray.actor_manager import ActorPool
 from jaxrunner._src.backends.ray.config import RayConfig, import_ray
@@ -19,6 +18,7 @@ from jaxrunner._src.backends.ray.deadlines import InFlightSteps
 from jaxrunner._src.backends.ray.kinds import AgentRows, Answer, GymnasiumRows
 from jaxrunner._src.backends.remote_sub_envs import RemoteSubEnvs
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
+from jaxrunner._src.backends.steps import EnvIds, block_rows
 from jaxrunner._src.backends.sub_env_block import NOT_RUN, stepped_runs
 from jaxrunner.errors import InvalidArgumentError, WorkerError
 

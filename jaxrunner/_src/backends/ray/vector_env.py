@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from jaxrunner._src.backends.base import VectorEnv
-from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
+from jaxrunner._src.backends.base import MultiAgentVectorEnv, VectorEnv
 from jaxrunner._src.backends.ray.config import RayConfig
 from jaxrunner._src.backends.ray.kinds import AgentRows, GymnasiumRows
 from jaxrunner._src.backends.ray.stepping import ActorStepping

@@ -9,14 +9,14 @@ from typing import Any
 import numpy as np
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.multi_agent.buffers import (
+from jaxrunner._src.backends.multi_agent.drivers import AECDriver, Driver, make_driver
+from jaxrunner._src.backends.multi_agent.layout import Layout
+from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.backends.steps import (
     AgentStepBuffers,
     GroupBuffers,
     MultiAgentStep,
 )
-from jaxrunner._src.backends.multi_agent.drivers import AECDriver, Driver, make_driver
-from jaxrunner._src.backends.multi_agent.layout import Layout
-from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sub_env_block import (
     DONE,
     RUNNING,
