@@ -62,20 +62,15 @@ class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
         self.restart_policy = restart_policy
         check_env_fns("SyncVectorEnv", env_fns)
         self.env_fns = list(env_fns)
-        self.envs: list[gymnasium.Env] = []
-        try:
-            self.envs = build_envs(self.env_fns, 0)  # a factory's error: SubEnvRaised
+        self._closed_reason = "construction failed"  # until it succeeds
+        self.envs: list[gymnasium.Env] = build_envs(self.env_fns, 0)
+        with closing_on_error(self.envs):
             self.num_envs, first = len(self.envs), self.envs[0]
             check_equal_spaces([(env.observation_space, env.action_space) for env in self.envs])
             self._take_spaces(
                 first.observation_space, first.action_space, first.metadata, first.render_mode
             )
-        except BaseException:
-            # Do not leak the sub-envs built so far.
-            for env in self.envs:
-                env.close()
-            self._closed_reason = "construction failed"
-            raise
+        self._closed_reason = None
         obs_space = self.single_observation_space
         self._buffers = StepBuffers.allocate(obs_space, self.num_envs)
         self._obs = self._buffers.obs
