@@ -4,6 +4,7 @@ with one wording for every refusal: ``where(name=value): expected <what>; got <t
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -110,3 +111,34 @@ def refusal(
     text += f", or None {none}" if none is not None else ""
     text += "" if kind_ok else f"; got {type(value).__name__}"
     return text + "."
+
+
+def check_seed_count(seeds: Any, num_envs: int, where: str) -> None:
+    """Refuses ``reset_batch`` seeds that are not one per sub-env (before any resets);
+    ``where`` names the vector env."""
+    count = len(seeds) if isinstance(seeds, (Sequence, np.ndarray)) else None
+    if count != num_envs or isinstance(seeds, str):
+        got = f"{count}" if count is not None else f"a {type(seeds).__name__}"
+        raise InvalidArgumentError(
+            f"{where}.reset_batch(seeds=...): expected one seed per sub-env (num_envs="
+            f"{num_envs}), each an int or None, got {got}. jaxrunner.env_seeds(seed, "
+            "num_envs) makes them from one seed."
+        )
+
+
+def check_env_fns(where: str, env_fns: Sequence[Any]) -> None:
+    """Refuses anything but a non-empty list of zero-argument env factories."""
+    if not isinstance(env_fns, Sequence) or isinstance(env_fns, str):
+        raise InvalidArgumentTypeError(
+            f"{where}(env_fns=...): expected a list of env factories, one per sub-env, got "
+            f"{type(env_fns).__name__}; e.g. [make_env] * n, or jaxrunner.make_vec(make_env, n)."
+        )
+    if len(env_fns) == 0:
+        raise InvalidArgumentError(f"{where} needs at least one env factory, got none.")
+    bad = next((i for i, fn in enumerate(env_fns) if not callable(fn)), None)
+    if bad is not None:
+        raise InvalidArgumentTypeError(
+            f"{where}: env_fns[{bad}] is a {type(env_fns[bad]).__name__}, not a factory. Pass "
+            "zero-argument functions that build the envs (e.g. lambda: gymnasium.make(...)), "
+            "not the envs themselves: each sub-env is built (and rebuilt) by its factory."
+        )

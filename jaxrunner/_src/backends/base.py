@@ -24,7 +24,6 @@ from jaxrunner.errors import (
     ClosedError,
     EnvIndexError,
     InvalidArgumentError,
-    InvalidArgumentTypeError,
     SpaceMismatchError,
 )
 
@@ -47,19 +46,6 @@ def normalize_seeds(seed: int | Sequence[int | None] | None, num_envs: int) -> l
     return seeds
 
 
-def check_seed_count(seeds: Any, num_envs: int, where: str) -> None:
-    """Refuses ``reset_batch`` seeds that are not one per sub-env (before any resets);
-    ``where`` names the vector env."""
-    count = len(seeds) if isinstance(seeds, (Sequence, np.ndarray)) else None
-    if count != num_envs or isinstance(seeds, str):
-        got = f"{count}" if count is not None else f"a {type(seeds).__name__}"
-        raise InvalidArgumentError(
-            f"{where}.reset_batch(seeds=...): expected one seed per sub-env (num_envs="
-            f"{num_envs}), each an int or None, got {got}. jaxrunner.env_seeds(seed, "
-            "num_envs) makes them from one seed."
-        )
-
-
 def check_equal_spaces(pairs: Sequence[tuple[gymnasium.Space, gymnasium.Space]]) -> None:
     """Raises unless every sub-env's ``(observation_space, action_space)`` equals sub-env
     0's, and those are spaces jaxrunner supports."""
@@ -72,24 +58,6 @@ def check_equal_spaces(pairs: Sequence[tuple[gymnasium.Space, gymnasium.Space]])
                 )
     space_arrays.check_supported(pairs[0][0], "single_observation_space")
     space_arrays.check_supported(pairs[0][1], "single_action_space")
-
-
-def check_env_fns(where: str, env_fns: Sequence[Any]) -> None:
-    """Refuses anything but a non-empty list of zero-argument env factories."""
-    if not isinstance(env_fns, Sequence) or isinstance(env_fns, str):
-        raise InvalidArgumentTypeError(
-            f"{where}(env_fns=...): expected a list of env factories, one per sub-env, got "
-            f"{type(env_fns).__name__}; e.g. [make_env] * n, or jaxrunner.make_vec(make_env, n)."
-        )
-    if len(env_fns) == 0:
-        raise InvalidArgumentError(f"{where} needs at least one env factory, got none.")
-    bad = next((i for i, fn in enumerate(env_fns) if not callable(fn)), None)
-    if bad is not None:
-        raise InvalidArgumentTypeError(
-            f"{where}: env_fns[{bad}] is a {type(env_fns[bad]).__name__}, not a factory. Pass "
-            "zero-argument functions that build the envs (e.g. lambda: gymnasium.make(...)), "
-            "not the envs themselves: each sub-env is built (and rebuilt) by its factory."
-        )
 
 
 class BaseVectorEnv(abc.ABC):

@@ -11,7 +11,8 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.base import VectorEnv, check_seed_count
+from jaxrunner._src.arg_checks import check_seed_count
+from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.envpool_calls import (
     EnvPoolActions,

@@ -12,7 +12,8 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.base import VectorEnv, check_seed_count
+from jaxrunner._src.arg_checks import check_seed_count
+from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.gymnasium_sub_envs import GymnasiumSubEnvs
 from jaxrunner._src.backends.in_process import InProcessSends

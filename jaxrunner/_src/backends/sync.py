@@ -10,14 +10,9 @@ from typing import Any
 import gymnasium
 
 from jaxrunner._src import space_arrays
+from jaxrunner._src.arg_checks import check_env_fns, check_seed_count
 from jaxrunner._src.backends.agent_block import AgentBlock, env_groups
-from jaxrunner._src.backends.base import (
-    MultiAgentVectorEnv,
-    VectorEnv,
-    check_env_fns,
-    check_equal_spaces,
-    check_seed_count,
-)
+from jaxrunner._src.backends.base import MultiAgentVectorEnv, VectorEnv, check_equal_spaces
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.gymnasium_block import ActionSplitters, GymnasiumBlock
 from jaxrunner._src.backends.in_process import BlockForwarding, InProcessSends

@@ -9,13 +9,8 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from jaxrunner._src.arg_checks import check_config
-from jaxrunner._src.backends.base import (
-    MultiAgentVectorEnv,
-    VectorEnv,
-    check_env_fns,
-    check_seed_count,
-)
+from jaxrunner._src.arg_checks import check_config, check_env_fns, check_seed_count
+from jaxrunner._src.backends.base import MultiAgentVectorEnv, VectorEnv
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.process.config import ProcessConfig
 from jaxrunner._src.backends.process.handle import shutdown

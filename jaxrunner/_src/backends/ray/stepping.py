@@ -9,8 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrunner._src.arg_checks import check_config
-from jaxrunner._src.backends.base import check_env_fns, check_seed_count
+from jaxrunner._src.arg_checks import check_config, check_env_fns, check_seed_count
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.ray.actor_manager import ActorPool
 from jaxrunner._src.backends.ray.config import RayConfig, import_ray
