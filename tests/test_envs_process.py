@@ -173,6 +173,25 @@ def test_runner_equal_to_sync_whatever_the_workers(sync_reference, options, num_
 # -- the async split ---------------------------------------------------------------------------
 
 
+def test_a_send_of_rows_in_flight_waits_and_steps_them_after_the_earlier_send():
+    """A lockstep send of rows still in flight is held (a copy of its actions) and goes
+    out once the earlier send is received: both answer as two steps in turn would."""
+    fns = counting_env_fns(4, episode_length=3)
+    with closing(ProcessVectorEnv(fns)) as vec, closing(jr.SyncVectorEnv(fns)) as ref:
+        vec.reset_batch([SEED + i for i in range(4)])
+        ref.reset_batch([SEED + i for i in range(4)])
+        first, second = np.array([1, 0, 1, 0]), np.array([0, 1])
+        expected = [jax.tree.map(np.copy, tuple(ref.step_batch(first)[:3]))]
+        expected.append(jax.tree.map(np.copy, tuple(ref.step_batch(second, slice(0, 2))[:3])))
+        vec.send(first)
+        vec.send(second, slice(0, 2))
+        second[:] = 5  # held as a copy: the caller may reuse its array at once
+        for want, rows in zip(expected, (None, slice(0, 2))):
+            out = vec.recv()
+            assert out.env_ids == rows
+            assert_trees_equal(tuple(out[:3]), want, f"rows {rows}")
+
+
 @pytest.mark.parametrize("backend", ["sync", "process"])
 def test_send_and_recv_answer_in_send_order(backend):
     """Disjoint rows in flight together; each recv returns the oldest send's rows."""

@@ -66,8 +66,6 @@ class Stepper:
     def send(self, actions: Any, env_ids: EnvIds, per_worker: bool) -> list[StepCall]:
         """Validates ``actions``, then starts the step of ``env_ids``: one call, or one
         per worker (``per_worker``: ``env_ids`` must cover whole workers)."""
-        import jax  # here, not at the top: a Ray actor's import of this module skips JAX
-
         if self.num_waiting:
             self._dispatch_waiting()
         n = self.num_envs
@@ -95,6 +93,8 @@ class Stepper:
             calls = [StepCall(lo, hi)]
         self.calls.extend(calls)  # registered first: a recovery sees them
         if busy:  # rows still in flight: sent once the earlier sends are received
+            import jax  # here: a Ray actor's import of this module skips JAX
+
             calls[0].actions = jax.tree.map(np.array, actions)
             self.num_waiting += 1
             return calls
