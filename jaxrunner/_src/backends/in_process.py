@@ -9,15 +9,16 @@ import pickle
 from collections.abc import Sequence
 from typing import Any
 
+from jaxrunner._src.arg_checks import check_env_fns
 from jaxrunner._src.backends.remote_sub_envs import RemoteSubEnvs
-from jaxrunner._src.backends.restarts import close_quietly
+from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy, close_quietly
 from jaxrunner._src.backends.snapshots import (
     SnapshotRefusedError,
     snapshot_dumps,
     valid_restart_state,
 )
 from jaxrunner._src.backends.steps import EnvIds, block_rows
-from jaxrunner._src.backends.sub_env_block import SubEnvBlock
+from jaxrunner._src.backends.sub_env_block import EnvFactory, SubEnvBlock, build_envs
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -76,6 +77,19 @@ class BlockForwarding(RemoteSubEnvs):
     restart state and what :meth:`_state_of` adds (a multi-agent driver's state)."""
 
     _block: SubEnvBlock
+
+    def _build_envs(
+        self, env_fns: Sequence[EnvFactory], restart_policy: RestartPolicy | None
+    ) -> list[Any]:
+        """Checks the arguments and builds the sub-envs (a factory's error: ``SubEnvRaised``);
+        the vector env counts as closed ("construction failed") until the caller, its block
+        built, sets ``_closed_reason`` back to None."""
+        where = type(self).__name__
+        check_env_fns(where, env_fns)
+        check_restart_policy(where, restart_policy)
+        self.restart_policy = restart_policy
+        self._closed_reason = "construction failed"
+        return build_envs(env_fns, 0)
 
     @property
     def num_restarts(self) -> int:

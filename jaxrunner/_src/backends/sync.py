@@ -4,13 +4,14 @@ with a shell for each kind."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
 import gymnasium
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.arg_checks import check_env_fns, check_seed_count
+from jaxrunner._src.arg_checks import check_seed_count
 from jaxrunner._src.backends.agent_block import AgentBlock, env_groups
 from jaxrunner._src.backends.base import MultiAgentVectorEnv, VectorEnv, check_equal_spaces
 from jaxrunner._src.backends.capabilities import Capabilities
@@ -18,10 +19,10 @@ from jaxrunner._src.backends.gymnasium_block import ActionSplitters, GymnasiumBl
 from jaxrunner._src.backends.in_process import BlockForwarding, InProcessSends
 from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
 from jaxrunner._src.backends.multi_agent.drivers import Driver, make_driver
-from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy, closing_on_error
+from jaxrunner._src.backends.restarts import RestartPolicy, closing_on_error
 from jaxrunner._src.backends.snapshots import SnapshotRefusedError
 from jaxrunner._src.backends.steps import BatchStep, MultiAgentStep, StepBuffers, StepViews
-from jaxrunner._src.backends.sub_env_block import EnvFactory, build_envs, failed_mask
+from jaxrunner._src.backends.sub_env_block import EnvFactory, PerSize, failed_mask
 from jaxrunner._src.core.agent_groups import PolicyMappingFn
 from jaxrunner.errors import InvalidArgumentError
 
@@ -53,12 +54,8 @@ class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
         restart_policy: RestartPolicy | None = None,
     ) -> None:
         super().__init__(copy=copy)
-        check_restart_policy("SyncVectorEnv", restart_policy)
-        self.restart_policy = restart_policy
-        check_env_fns("SyncVectorEnv", env_fns)
+        self.envs: list[gymnasium.Env] = self._build_envs(env_fns, restart_policy)
         self.env_fns = list(env_fns)
-        self._closed_reason = "construction failed"  # until it succeeds
-        self.envs: list[gymnasium.Env] = build_envs(self.env_fns, 0)
         with closing_on_error(self.envs):
             self.num_envs, first = len(self.envs), self.envs[0]
             check_equal_spaces([(env.observation_space, env.action_space) for env in self.envs])
@@ -147,11 +144,7 @@ class SyncMultiAgentVectorEnv(BlockForwarding, InProcessSends, MultiAgentVectorE
         restart_policy: RestartPolicy | None = None,
     ) -> None:
         super().__init__()
-        check_env_fns("SyncMultiAgentVectorEnv", env_fns)
-        check_restart_policy("SyncMultiAgentVectorEnv", restart_policy)
-        self.restart_policy = restart_policy
-        envs = build_envs(env_fns, 0)
-        self._closed_reason = "construction failed"  # until it succeeds
+        envs = self._build_envs(env_fns, restart_policy)
         with closing_on_error(envs):
             self.groups = env_groups(envs[0], policy_mapping_fn)
             self._block = AgentBlock(envs, self.groups, fns=env_fns, restart_policy=restart_policy)
@@ -159,7 +152,7 @@ class SyncMultiAgentVectorEnv(BlockForwarding, InProcessSends, MultiAgentVectorE
         self.num_envs = len(envs)
         self.turn_based = self._block.turn_based
         self._views = StepViews(self._block.step_buffers, self.policy_ids)
-        self._checks: dict[int, ActionCheck] = {}
+        self._checks = PerSize(functools.partial(ActionCheck, self.groups))
 
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
@@ -170,11 +163,7 @@ class SyncMultiAgentVectorEnv(BlockForwarding, InProcessSends, MultiAgentVectorE
         return self._block.result(self._block.reset(seeds, options))
 
     def _checked(self, actions: Sequence[Any], rows: slice | None) -> Any:
-        n = self.num_envs if rows is None else rows.stop - rows.start
-        check = self._checks.get(n)
-        if check is None:
-            check = self._checks[n] = ActionCheck(self.groups, n)
-        return check(actions)
+        return self._checks[self.num_envs if rows is None else rows.stop - rows.start](actions)
 
     def _step(self, actions: Any, rows: slice | None) -> MultiAgentStep:
         lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
