@@ -1,4 +1,5 @@
-"""The sampler at a git revision against the working tree, side by side in one process.
+"""The sampler at a git revision against the working tree, side by side in one process
+(or with ``--isolate``, each alone in processes of its own, taking turns).
 
 On a shared machine, throughput measured in separate processes drifts by tens of
 percent; a change of a few percent only shows when the two versions take turns in
@@ -24,6 +25,7 @@ Usage::
     python benchmarks/ab_revision.py --base d660c28 --num-envs 1 8 --blocks 24 --repeats 3
     python benchmarks/ab_revision.py --base d660c28 --backend sync process \
         --env CartPole-v1 mpe2:simple_spread_v3 --repeats 2
+    python benchmarks/ab_revision.py --base d660c28 --backend process --num-envs 64 --isolate 30
 
 ``--opcodes`` also counts the Python opcodes each version runs per vector step in one
 ``sample()`` (the calling thread): its own, by function, and the rest (the env,
@@ -47,7 +49,11 @@ workers come from one fork server, preloaded as the version that started it asks
 03023a1 the package also preloads jax and the script's imports there);
 ``--process-config '{"start_method": "spawn"}'`` gives every worker a fresh interpreter
 instead (CartPole at 64 envs against ``d660c28``: 0.96-0.98 spawned, 0.95 forked, in one
-sitting).
+sitting). ``--isolate N`` shares nothing between the versions: per width, N rounds of one
+child process per version (its own imports, fork server and memory, as a user runs it),
+alternating which goes first, and the median of the rounds' speed-ups; trajectories
+compare by digest. A round moves by several percent with the process's own luck (0.93
+to 1.08 on a 2-core host), so take 20 rounds or more: that row read 0.988 over 30.
 
 ``--backend jax`` runs the scan sampler on gymnax's env of that name, ``jaxmarl`` the
 multi-agent scan sampler on JaxMARL's (one policy for every agent; dones read as
@@ -64,6 +70,7 @@ from __future__ import annotations
 import argparse
 import collections
 import gc
+import hashlib
 import importlib
 import io
 import itertools
@@ -255,6 +262,17 @@ def time_block(runner: Any, samples: int, steps: int) -> float:
     return (time.perf_counter() - start) / (samples * steps) * 1e6
 
 
+def trajectory_digest(trajectory: Any) -> str:
+    """A hash of every leaf of a sample (dtype, shape and bytes): equal digests, identical
+    trajectories, across processes too."""
+    digest = hashlib.sha256()
+    for leaf in jax.tree.leaves(trajectory):
+        leaf = np.ascontiguousarray(leaf)
+        digest.update(f"{leaf.dtype}{leaf.shape}".encode())
+        digest.update(leaf.tobytes())
+    return digest.hexdigest()
+
+
 def opcodes_per_step(runner: Any, steps: int, package: Any) -> dict[str, Any]:
     """Python opcodes per vector step of one ``sample()`` in this thread: the package's
     own (in all, and by ``module:function``) and the rest."""
@@ -340,6 +358,61 @@ def repeated(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def isolated(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``--isolate N``: per case and width, N rounds of two child processes, one per
+    version (each builds and times its own runner alone, with its own fork server and
+    imports, as a user runs it), alternating which goes first. Per width: the median of
+    the rounds' speed-ups (base time / new time), and whether every child sampled the
+    same trajectory (by digest)."""
+    envs = [args.workload] if args.workload else args.env
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for env_name, backend, num_envs in itertools.product(envs, args.backend, args.num_envs):
+            case = ["--env", env_name, "--backend", backend, "--num-envs", str(num_envs)]
+            rounds: list[dict[str, Any]] = []
+            for k in range(args.isolate):
+                times, digests = {}, []
+                for name in ("base", "new") if k % 2 == 0 else ("new", "base"):
+                    out = pathlib.Path(tmp) / f"{name}.json"
+                    # argparse keeps an option's last value: the child's case and version.
+                    extra = [*case, "--isolate", "0", "--only", name, "--out", str(out)]
+                    subprocess.run([sys.executable, __file__, *sys.argv[1:], *extra], check=True,
+                                   stdout=subprocess.DEVNULL)  # fmt: skip
+                    (child,) = json.loads(out.read_text())["results"]
+                    times[name] = child[f"{name}_us_per_step_median"]
+                    digests.append(child["trajectory_digest"])
+                rounds.append({
+                    **{f"{n}_us_per_step_median": t for n, t in times.items()},
+                    "speedup": times["base"] / times["new"],
+                    "base_first": k % 2 == 0,
+                    "identical_trajectories": digests[0] == digests[1],
+                })  # fmt: skip
+            speedups = [r["speedup"] for r in rounds]
+            row = {
+                "env": env_name,
+                "backend": backend,
+                "main_process_envs": args.main_process_envs,
+                "num_envs": num_envs,
+                **{
+                    f"{n}_us_per_step_median": float(
+                        np.median([r[f"{n}_us_per_step_median"] for r in rounds])
+                    )
+                    for n in ("base", "new")
+                },
+                "speedup_median": float(np.median(speedups)),
+                "identical_trajectories": all(r["identical_trajectories"] for r in rounds),
+                "rounds": rounds,
+            }
+            rows.append(row)
+            print(
+                f"{env_name} {backend} {num_envs:>5} envs, isolated: speed-ups "
+                f"{', '.join(f'{x:.3f}' for x in speedups)}; median {row['speedup_median']:.3f}; "
+                f"identical trajectories: {row['identical_trajectories']}",
+                file=sys.stderr,
+            )
+    return rows
+
+
 def case_env(args: argparse.Namespace, env_name: str, backend: str) -> tuple[Any, dict]:
     """The env a case steps and its ``make_vec`` options: ``env_name``'s, or with
     ``--workload`` the workload's (its EnvPool port on the envpool backend)."""
@@ -384,7 +457,7 @@ def measure(
     steps = dict.fromkeys(runners, args.rollout_length)  # make_runner's warm-up
     for block in range(args.blocks):
         order = ("base", "new") if block % 2 == 0 else ("new", "base")
-        for name in order:
+        for name in (n for n in order if n in runners):  # one, in an --isolate child
             before = runners[name].get_metrics()["perf"] if args.split else {}
             times[name].append(time_block(runners[name], samples, args.rollout_length))
             if args.split:  # the timers are means over every step so far
@@ -393,13 +466,8 @@ def measure(
                 split = {k: (after[k] * n1 - before[k] * n0) / (n1 - n0) for k in after}
                 splits[name].append({k.removesuffix("_ms"): v * 1e3 for k, v in split.items()})
                 steps[name] = n1
-    same = all(
-        np.array_equal(a, b)
-        for a, b in zip(
-            jax.tree.leaves(runners["base"].sample()),
-            jax.tree.leaves(runners["new"].sample()),
-        )
-    )
+    digests = {k: trajectory_digest(r.sample()) for k, r in runners.items()}
+    same = len(set(digests.values())) == 1 if len(digests) == 2 else None
     counts = {  # after the same samples, so both step through the same states
         k: opcodes_per_step(runners[k], args.rollout_length, versions[k])
         for k in runners
@@ -407,7 +475,6 @@ def measure(
     }
     for runner in runners.values():
         runner.stop()
-    speedups = np.array(times["base"]) / np.array(times["new"])
     row = {
         "env": env_name,
         "backend": backend,
@@ -415,10 +482,13 @@ def measure(
         "num_envs": num_envs,
         **{f"{k}_us_per_step_median": float(np.median(v)) for k, v in times.items()},
         **{f"{k}_us_per_step_min": float(np.min(v)) for k, v in times.items()},
-        "speedup_median": float(np.median(speedups)),
-        "identical_trajectories": same,
         "built_first": next(iter(versions)),
     }
+    if same is None:  # an --isolate child: one version, its trajectory's digest
+        row["trajectory_digest"] = next(iter(digests.values()))
+        return row
+    row["speedup_median"] = float(np.median(np.array(times["base"]) / np.array(times["new"])))
+    row["identical_trajectories"] = same
     if counts:
         row["opcodes_per_step"] = {
             k: {"own": c["own"], "other": c["other"]} for k, c in counts.items()
@@ -516,6 +586,17 @@ def main() -> None:
         "their speed-ups (one run on a shared machine moves by more than a few percent)",
     )
     parser.add_argument(
+        "--isolate",
+        type=int,
+        default=0,
+        help="N rounds per width of one child process per version, alternating which "
+        "runs first (no fork server, import or memory shared between the versions); "
+        "per width, the median of the rounds' speed-ups",
+    )
+    parser.add_argument(
+        "--only", choices=("base", "new"), default=None, help=argparse.SUPPRESS
+    )  # an --isolate child's one version
+    parser.add_argument(
         "--new-first",
         action="store_true",
         help="build the working tree's runner before the base's (--repeats alternates: "
@@ -532,15 +613,25 @@ def main() -> None:
     changed = bool(git("status", "--porcelain", "--", "jaxrunner/"))
     args.new = f"{git('rev-parse', 'HEAD')}{' with uncommitted changes' if changed else ''}"
 
+    if args.isolate and (args.repeats > 1 or args.split or args.opcodes):
+        parser.error("--isolate: leave out --repeats, --split and --opcodes")
+    if args.isolate:
+        write_report("ab_revision", args, isolated(args))
+        return
     if args.repeats > 1:
         write_report("ab_revision", args, repeated(args))
         return
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        base = import_base(args.base, pathlib.Path(tmp))
-        versions = {"base": base, "new": jaxrunner}
-        if args.new_first:
-            versions = {"new": jaxrunner, "base": base}
+        if args.only == "new":  # an --isolate child: the working tree alone
+            versions = {"new": jaxrunner}
+        elif args.only == "base":
+            versions = {"base": import_base(args.base, pathlib.Path(tmp))}
+        else:
+            base = import_base(args.base, pathlib.Path(tmp))
+            versions = {"base": base, "new": jaxrunner}
+            if args.new_first:
+                versions = {"new": jaxrunner, "base": base}
         envs = [args.workload] if args.workload else args.env  # a workload names its env
         for env_name, backend in itertools.product(envs, args.backend):
             rows += [measure(args, versions, env_name, backend, n) for n in args.num_envs]

@@ -277,6 +277,39 @@ def test_peers_smoke_run_writes_json_and_plot(tmp_path):
     assert "| sync | 2 |" in report["markdown_table"]
 
 
+def test_ab_revision_isolated_runs_each_version_in_processes_of_its_own(tmp_path, monkeypatch):
+    """``--isolate``: a child process per version and round (base first in the first
+    round); the trajectories compare by digest, which any changed byte changes."""
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=BENCHMARKS).returncode != 0:
+        pytest.skip("not a git checkout")
+    out = tmp_path / "ab.json"
+    options = ["--base", "HEAD", "--env", "null", "--num-envs", "2", "--blocks", "2"]
+    options += ["--rollout-length", "8", "--isolate", "1", "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "ab_revision.py"), *options],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=SCRIPT_ENV,
+    )
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(out.read_text())["results"]
+    assert [r["base_first"] for r in row["rounds"]] == [True]
+    speedups = [r["base_us_per_step_median"] / r["new_us_per_step_median"] for r in row["rounds"]]
+    assert [r["speedup"] for r in row["rounds"]] == pytest.approx(speedups)
+    assert row["speedup_median"] == pytest.approx(float(np.median(speedups)))
+    assert row["identical_trajectories"] is True  # HEAD's code in both: the same seed's samples
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the script's own imports
+    spec = importlib.util.spec_from_file_location("ab_revision", BENCHMARKS / "ab_revision.py")
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    sample = {"obs": np.arange(6.0).reshape(3, 2), "done": np.zeros(3, np.bool_)}
+    changed = {**sample, "obs": sample["obs"].copy()}
+    assert ab.trajectory_digest(changed) == ab.trajectory_digest(sample)
+    changed["obs"][2, 1] = np.nextafter(5.0, 6.0)
+    assert ab.trajectory_digest(changed) != ab.trajectory_digest(sample)
+
+
 def test_ab_revision_against_head_finds_identical_trajectories(tmp_path):
     """HEAD against the working tree: in a clean checkout the same code, so the two
     runners must sample identical trajectories (the comparison itself is sound)."""
