@@ -51,9 +51,10 @@ workers come from one fork server, preloaded as the version that started it asks
 instead (CartPole at 64 envs against ``d660c28``: 0.96-0.98 spawned, 0.95 forked, in one
 sitting). ``--isolate N`` shares nothing between the versions: per width, N rounds of one
 child process per version (its own imports, fork server and memory, as a user runs it),
-alternating which goes first, and the median of the rounds' speed-ups; trajectories
-compare by digest. A round moves by several percent with the process's own luck (0.93
-to 1.08 on a 2-core host), so take 20 rounds or more: that row read 0.988 over 30.
+alternating which goes first, and the median of the rounds' speed-ups; each child saves
+its last sample for the comparison of trajectories. A round moves by several percent
+with the process's own luck (0.88 to 1.08 on a 2-core host), so take 20 rounds or more:
+that row read 0.988 over 30.
 
 ``--backend jax`` runs the scan sampler on gymnax's env of that name, ``jaxmarl`` the
 multi-agent scan sampler on JaxMARL's (one policy for every agent; dones read as
@@ -70,7 +71,6 @@ from __future__ import annotations
 import argparse
 import collections
 import gc
-import hashlib
 import importlib
 import io
 import itertools
@@ -262,15 +262,9 @@ def time_block(runner: Any, samples: int, steps: int) -> float:
     return (time.perf_counter() - start) / (samples * steps) * 1e6
 
 
-def trajectory_digest(trajectory: Any) -> str:
-    """A hash of every leaf of a sample (dtype, shape and bytes): equal digests, identical
-    trajectories, across processes too."""
-    digest = hashlib.sha256()
-    for leaf in jax.tree.leaves(trajectory):
-        leaf = np.ascontiguousarray(leaf)
-        digest.update(f"{leaf.dtype}{leaf.shape}".encode())
-        digest.update(leaf.tobytes())
-    return digest.hexdigest()
+def same_trajectories(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    """Whether two samples' leaves (``jax.tree.leaves`` order) hold the same values."""
+    return all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
 def opcodes_per_step(runner: Any, steps: int, package: Any) -> dict[str, Any]:
@@ -362,8 +356,8 @@ def isolated(args: argparse.Namespace) -> list[dict[str, Any]]:
     """``--isolate N``: per case and width, N rounds of two child processes, one per
     version (each builds and times its own runner alone, with its own fork server and
     imports, as a user runs it), alternating which goes first. Per width: the median of
-    the rounds' speed-ups (base time / new time), and whether every child sampled the
-    same trajectory (by digest)."""
+    the rounds' speed-ups (base time / new time), and whether every round's two children
+    sampled the same trajectory."""
     envs = [args.workload] if args.workload else args.env
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -371,7 +365,7 @@ def isolated(args: argparse.Namespace) -> list[dict[str, Any]]:
             case = ["--env", env_name, "--backend", backend, "--num-envs", str(num_envs)]
             rounds: list[dict[str, Any]] = []
             for k in range(args.isolate):
-                times, digests = {}, []
+                times, samples = {}, []
                 for name in ("base", "new") if k % 2 == 0 else ("new", "base"):
                     out = pathlib.Path(tmp) / f"{name}.json"
                     # argparse keeps an option's last value: the child's case and version.
@@ -380,12 +374,13 @@ def isolated(args: argparse.Namespace) -> list[dict[str, Any]]:
                                    stdout=subprocess.DEVNULL)  # fmt: skip
                     (child,) = json.loads(out.read_text())["results"]
                     times[name] = child[f"{name}_us_per_step_median"]
-                    digests.append(child["trajectory_digest"])
+                    with np.load(out.with_suffix(".npz")) as leaves:
+                        samples.append([leaves[f"arr_{i}"] for i in range(len(leaves.files))])
                 rounds.append({
                     **{f"{n}_us_per_step_median": t for n, t in times.items()},
                     "speedup": times["base"] / times["new"],
                     "base_first": k % 2 == 0,
-                    "identical_trajectories": digests[0] == digests[1],
+                    "identical_trajectories": same_trajectories(*samples),
                 })  # fmt: skip
             speedups = [r["speedup"] for r in rounds]
             row = {
@@ -466,8 +461,8 @@ def measure(
                 split = {k: (after[k] * n1 - before[k] * n0) / (n1 - n0) for k in after}
                 splits[name].append({k.removesuffix("_ms"): v * 1e3 for k, v in split.items()})
                 steps[name] = n1
-    digests = {k: trajectory_digest(r.sample()) for k, r in runners.items()}
-    same = len(set(digests.values())) == 1 if len(digests) == 2 else None
+    samples = {k: [np.asarray(x) for x in jax.tree.leaves(r.sample())] for k, r in runners.items()}
+    same = same_trajectories(samples["base"], samples["new"]) if len(samples) == 2 else None
     counts = {  # after the same samples, so both step through the same states
         k: opcodes_per_step(runners[k], args.rollout_length, versions[k])
         for k in runners
@@ -484,8 +479,8 @@ def measure(
         **{f"{k}_us_per_step_min": float(np.min(v)) for k, v in times.items()},
         "built_first": next(iter(versions)),
     }
-    if same is None:  # an --isolate child: one version, its trajectory's digest
-        row["trajectory_digest"] = next(iter(digests.values()))
+    if same is None:  # an --isolate child: one version; its sample goes beside its report
+        np.savez(args.out.with_suffix(".npz"), *next(iter(samples.values())))
         return row
     row["speedup_median"] = float(np.median(np.array(times["base"]) / np.array(times["new"])))
     row["identical_trajectories"] = same
@@ -613,6 +608,8 @@ def main() -> None:
     changed = bool(git("status", "--porcelain", "--", "jaxrunner/"))
     args.new = f"{git('rev-parse', 'HEAD')}{' with uncommitted changes' if changed else ''}"
 
+    if args.only and not args.out:
+        parser.error("--only: the child writes its report and sample beside --out")
     if args.isolate and (args.repeats > 1 or args.split or args.opcodes):
         parser.error("--isolate: leave out --repeats, --split and --opcodes")
     if args.isolate:
