@@ -157,8 +157,8 @@ def evaluate(
         if connectors is not None:
             frozen = _frozen_states(runner, connector_state)
             runner.set_connector_state(runner.from_policy_dict(frozen))
-        ends = _env_episode_ends(runner) if runner.multi_agent else _episode_ends(runner)
         agents = list(envs.possible_agents) if runner.multi_agent else []
+        ends = _env_episode_ends(runner, agents) if runner.multi_agent else _episode_ends(runner)
         per_sample = rollout_length * envs.num_envs
         return _first_episodes(ends, envs.num_envs, num_episodes, agents, per_sample, max_env_steps)
     finally:  # the caller's envs stay open, free for the next evaluation
@@ -261,10 +261,9 @@ def _episode_ends(runner: EnvRunner) -> Callable[[], list[_Ended]]:
     ]
 
 
-def _env_episode_ends(runner: EnvRunner) -> Callable[[], list[_Ended]]:
-    """Multi-agent: the env episodes the next sample ends, summed from its agents' slots;
-    never a faulty one (cut by a failed step of its env)."""
-    agents = list(runner.envs.possible_agents)
+def _env_episode_ends(runner: EnvRunner, agents: list[str]) -> Callable[[], list[_Ended]]:
+    """Multi-agent: the env episodes the next sample ends, summed from the slots of its
+    ``agents``; never a faulty one (cut by a failed step of its env)."""
     running = [(0.0, 0, dict.fromkeys(agents, 0.0)) for _ in range(runner.envs.num_envs)]
 
     def next_ends() -> list[_Ended]:
