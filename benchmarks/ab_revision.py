@@ -263,7 +263,8 @@ def time_block(runner: Any, samples: int, steps: int) -> float:
 
 
 def same_trajectories(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
-    """Whether two samples' leaves (``jax.tree.leaves`` order) hold the same values."""
+    """Whether two samples' leaves (``jax.tree.leaves`` order) hold the same values; a
+    leaf past the shorter list is not compared (a later version may record more)."""
     return all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
