@@ -311,6 +311,14 @@ def git(*command: str) -> str:
     ).stdout.strip()
 
 
+def run_child(out: pathlib.Path, options: list[str]) -> list[dict[str, Any]]:
+    """This script again in a fresh process, with ``options`` after the parent's own
+    (argparse keeps an option's last value) and its report in ``out``: its results."""
+    command = [sys.executable, __file__, *sys.argv[1:], *options, "--out", str(out)]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())["results"]
+
+
 def repeated(args: argparse.Namespace) -> list[dict[str, Any]]:
     """``--repeats``: the whole A/B again in ``args.repeats`` fresh processes. Per width:
     the median over the runs of their speed-ups and times, whether every run sampled
@@ -318,14 +326,9 @@ def repeated(args: argparse.Namespace) -> list[dict[str, Any]]:
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(args.repeats):
-            out = pathlib.Path(tmp) / f"run{k}.json"
-            # argparse keeps an option's last value: each child is one run, to a file of its own.
-            extra = ["--repeats", "1", "--out", str(out)]
-            if k % 2:  # every other run builds the working tree's runner first
-                extra.append("--new-first")
-            subprocess.run([sys.executable, __file__, *sys.argv[1:], *extra], check=True,
-                           stdout=subprocess.DEVNULL)  # fmt: skip
-            runs.append(json.loads(out.read_text())["results"])
+            # Every other run builds the working tree's runner first.
+            extra = ["--repeats", "1", *(["--new-first"] if k % 2 else [])]
+            runs.append(run_child(pathlib.Path(tmp) / f"run{k}.json", extra))
     rows = []
     for per_run in zip(*runs):
         row = {k: per_run[0][k] for k in ("env", "backend", "main_process_envs", "num_envs")}
@@ -369,11 +372,7 @@ def isolated(args: argparse.Namespace) -> list[dict[str, Any]]:
                 times, samples = {}, []
                 for name in ("base", "new") if k % 2 == 0 else ("new", "base"):
                     out = pathlib.Path(tmp) / f"{name}.json"
-                    # argparse keeps an option's last value: the child's case and version.
-                    extra = [*case, "--isolate", "0", "--only", name, "--out", str(out)]
-                    subprocess.run([sys.executable, __file__, *sys.argv[1:], *extra], check=True,
-                                   stdout=subprocess.DEVNULL)  # fmt: skip
-                    (child,) = json.loads(out.read_text())["results"]
+                    (child,) = run_child(out, [*case, "--isolate", "0", "--only", name])
                     times[name] = child[f"{name}_us_per_step_median"]
                     with np.load(out.with_suffix(".npz")) as leaves:
                         samples.append([leaves[f"arr_{i}"] for i in range(len(leaves.files))])
