@@ -166,6 +166,18 @@ def test_set_params_applies_to_next_batch_and_never_retraces():
             env.set_params({"a": jnp.zeros(2)})
 
 
+def test_params_with_nan_are_refused_and_the_env_keeps_its_own():
+    policy = ConstantPolicy.make()
+    nan = {"a": jnp.int32(0), "w": jnp.float32(jnp.nan)}  # "w": a leaf the policy ignores
+    with pytest.raises(errors.InvalidArgumentError, match=r"ExternalEnv\(params\).*NaN in \['w'\]"):
+        jr.ExternalEnv(OBS_SPACE, ACTION_SPACE, policy, nan)
+    good = {"a": jnp.int32(0), "w": jnp.float32(1)}
+    with jr.ExternalEnv(OBS_SPACE, ACTION_SPACE, policy, good) as env:
+        with pytest.raises(errors.InvalidArgumentError, match=r"set_params\(params\).*NaN"):
+            env.set_params(nan)
+        assert env.get_params()[1] == 0
+
+
 def test_recurrent_carry_is_per_episode():
     def apply_fn(params, obs, carry, keys):
         return carry % 2, {"log_prob": jnp.zeros(obs.shape[0])}, carry + 1

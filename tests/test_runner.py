@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import chex
 import flax.linen as nn
 import gymnasium
@@ -249,6 +251,29 @@ def test_set_params_rejects_other_shapes(cartpole_runner):
     assert runner.get_params("default_policy") is runner.get_params()
     with pytest.raises(InvalidArgumentError, match="no such policy"):
         runner.get_params("other")
+
+
+def test_params_with_nan_are_refused_by_name_and_the_runner_keeps_its_own(cartpole_runner):
+    runner = cartpole_runner()
+    params = runner.get_params()
+    first = runner.sample()
+    leaves, treedef = jax.tree.flatten(params)
+    bad = treedef.unflatten([leaves[0].at[0].set(jnp.nan), *leaves[1:]])
+    path = jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(params)[0][0][0])
+    with pytest.raises(InvalidArgumentError, match=r"hold NaN in .*" + re.escape(path)):
+        runner.set_params(bad)
+    assert runner.get_params() is params  # nothing changed: it samples on as before
+    assert runner.sample().obs.shape == first.obs.shape
+    shifted = jax.tree.map(lambda x: x + 1, params)
+    with jax.transfer_guard("disallow"):  # the check reads its flags back by name
+        runner.set_params(shifted)
+    inf = treedef.unflatten([jnp.full_like(leaves[0], jnp.inf), *leaves[1:]])
+    runner.set_params(inf)  # an infinity may be meant (a mask); NaN never is
+    envs = jr.make_vec("CartPole-v1", 2)
+    with envs:
+        with pytest.raises(InvalidArgumentError, match=r"EnvRunner\(params\), policy"):
+            jr.EnvRunner(envs, runner.policy, bad, 4, 0)
+        jr.EnvRunner(envs, runner.policy, params, 4, 0).sample()  # the envs are still free
 
 
 def test_metrics_equal_sums_over_episodes(cartpole_runner):

@@ -350,17 +350,49 @@ def _over_batch(fn: Callable[..., Any], batch_ndim: int, *trees: Any) -> Any:
     return jax.tree.map(lambda x: jnp.reshape(x, (*batch, *jnp.shape(x)[1:])), out)
 
 
-def check_params_like(current: Params, new: Params, owner: str) -> None:
-    """Refuses ``new`` params unless they match ``current`` in structure, shapes and
-    dtypes: ``owner`` compiled its policy for those, and must never retrace."""
+def check_params_like(current: Params, new: Params, what: str) -> None:
+    """Refuses ``new`` params (given to ``what``) unless they match ``current`` in
+    structure, shapes and dtypes: the policy is compiled for those, and must never
+    retrace."""
     old = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), current)
     got = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), new)
     if jax.tree.structure(old) != jax.tree.structure(got) or old != got:
         raise SpaceMismatchError(
-            f"set_params(params): the new params differ in structure, shape or dtype from "
-            f"the {owner}'s; the policy is compiled for the old ones. Pass params with the "
+            f"{what}: the new params differ in structure, shape or dtype from the old "
+            "ones, for which the policy is compiled. Pass params with the "
             "same pytree structure (e.g. the output of the same Policy.init)."
         )
+
+
+def put_params(new: Params, what: str, like: Params | None = None) -> Params:
+    """``new`` on device, as ``what`` (e.g. ``"EnvRunner.set_params(params)"``) takes
+    them: refused unless they match ``like`` (see :func:`check_params_like`; None: the
+    first ones) and hold no NaN."""
+    if like is not None:
+        check_params_like(like, new, what)
+    device = jax.device_put(new)
+    floats = [
+        (path, x)
+        for path, x in jax.tree_util.tree_leaves_with_path(device)
+        if jnp.issubdtype(x.dtype, jnp.inexact)
+    ]
+    with jax.transfer_guard_device_to_host("allow"):  # one flag per leaf, read once
+        nan = np.asarray(_has_nan([x for _, x in floats])) if floats else ()
+    where = [
+        jax.tree_util.keystr(path) or "the array" for (path, _), bad in zip(floats, nan) if bad
+    ]
+    if where:  # a policy would sample from them silently (NaN logits: action 0)
+        raise InvalidArgumentError(
+            f"{what}: the params hold NaN in {', '.join(where)}; refused, nothing changed. "
+            "Pass finite params (jax.config.update('jax_debug_nans', True) finds the "
+            "update that made the NaN)."
+        )
+    return device
+
+
+@jax.jit
+def _has_nan(leaves: list[jax.Array]) -> jax.Array:
+    return jnp.stack([jnp.isnan(x).any() for x in leaves])
 
 
 @functools.cache  # one function per policy and name: runners built again compile nothing

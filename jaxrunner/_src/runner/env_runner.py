@@ -8,8 +8,6 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import jax
-
 from jaxrunner._src.arg_checks import check_bool, check_int
 from jaxrunner._src.backends.base import BaseVectorEnv, MultiAgentVectorEnv, VectorEnv
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
@@ -20,7 +18,7 @@ from jaxrunner._src.connectors.per_group import GroupConnectors
 from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.core.metrics import MetricsConfig
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
-from jaxrunner._src.core.policy import Params, Policy, check_params_like
+from jaxrunner._src.core.policy import Params, Policy, put_params
 from jaxrunner._src.core.runner_state import RunnerState
 from jaxrunner._src.core.trajectory import Trajectory
 from jaxrunner._src.runner.auto_layout import from_env
@@ -121,6 +119,10 @@ class EnvRunner:
             envs, self.kind, policy, params, rollout_length, seed, callbacks, num_splits
         )
         self.info_keys: InfoKeys = check_host_options(envs, info_keys, compact_next_obs, chunk_rows)
+        name = type(self).__name__
+        device_params = {
+            pid: put_params(p, f"{name}(params), policy {pid!r}") for pid, p in by_id.items()
+        }
         self.compact_next_obs = compact_next_obs
         self.chunk_rows = None if chunk_rows is None else int(chunk_rows)
         # As given (multi-agent: a dict by policy id), and by policy id (those with some).
@@ -132,7 +134,6 @@ class EnvRunner:
         self.rollout_length = int(rollout_length)
         self.seed = int(seed)
         self.callbacks: Any = callbacks
-        device_params = {pid: jax.device_put(p) for pid, p in by_id.items()}
         self.state: RunnerState = self.kind.new_state(device_params, metrics or MetricsConfig())
         self._on_agent_episode_end = self.kind.agent_episode_end(callbacks)
         try:
@@ -239,8 +240,8 @@ class EnvRunner:
             )
             params, policy_id = policy_id, params
         pid = check_policy_id(self, "set_params", policy_id)
-        check_params_like(self.state.params[pid], params, "runner")
-        self.state.params[pid] = jax.device_put(params)
+        what = f"{type(self).__name__}.set_params(params, {pid!r})"
+        self.state.params[pid] = put_params(params, what, like=self.state.params[pid])
 
     def get_params(self, policy_id: str | None = None) -> Params:
         """The params of policy ``policy_id`` (``None``: the runner's one policy), as the

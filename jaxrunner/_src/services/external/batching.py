@@ -19,7 +19,7 @@ from gymnasium import spaces
 
 import jaxrunner._src.samplers.keys as keys
 from jaxrunner._src import space_arrays
-from jaxrunner._src.core.policy import Params, Policy, check_params_like
+from jaxrunner._src.core.policy import Params, Policy, put_params
 from jaxrunner._src.samplers.batch_invariance import chunked_apply, policy_chunk_rows
 from jaxrunner._src.samplers.ready_first import default_buckets
 from jaxrunner._src.samplers.transfer import Packing, compile_packed
@@ -72,7 +72,9 @@ class PolicyBatcher:
         max_wait_s: float,
         buckets: Sequence[int] | None,
         ready_hint: Callable[[], int] | None = None,
+        owner: str = "PolicyBatcher",
     ) -> None:
+        self._params = put_params(params, f"{owner}(params)")
         # small_calls: a batch may hold one row, so a costly policy keeps small chunks.
         self._chunk_rows = policy_chunk_rows(
             policy, params, observation_space, max_batch, small_calls=True
@@ -85,7 +87,6 @@ class PolicyBatcher:
         self._max_wait_s = max_wait_s
         self._buckets = tuple(sorted(buckets or default_buckets(max_batch, 1, factor=4)))
         self._ready_hint = ready_hint
-        self._params = jax.device_put(params)
         self._params_version = 0
         self._compiled: dict[int, tuple[Callable, Packing, Packing, np.ndarray]] = {}
         self._cond = threading.Condition()
@@ -120,10 +121,9 @@ class PolicyBatcher:
             self._cond.notify()
         return future
 
-    def set_params(self, params: Params) -> int:
+    def set_params(self, params: Params, what: str) -> int:
         """Swaps the params for the next batch (never recompiles); returns their version."""
-        check_params_like(self._params, params, "batcher")
-        device = jax.device_put(params)
+        device = put_params(params, what, like=self._params)
         with self._cond:
             self._params = device
             self._params_version += 1

@@ -112,6 +112,7 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
                     max_wait_s=config.max_wait_ms / 1000.0,
                     buckets=config.buckets,
                     ready_hint=lambda size=size: len(self._episodes) * size,
+                    owner=type(self).__name__,
                 )
         except BaseException:
             for batcher in batchers.values():

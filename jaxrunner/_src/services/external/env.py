@@ -172,7 +172,7 @@ class ExternalEnv(ExternalEnvCore[Episode]):
     def set_params(self, params: Params) -> int:
         """Replaces the params from the next batch on (never recompiles); returns the
         new params version."""
-        return self._batchers[AGENT].set_params(params)
+        return self._batchers[AGENT].set_params(params, f"{type(self).__name__}.set_params(params)")
 
     def get_params(self) -> tuple[Params, int]:
         """The current params and their version (0 for those given at construction)."""

@@ -181,7 +181,8 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
         """Replaces ``policy_id``'s params (None: the env's one policy) from its next
         batch on (never recompiles); returns their new version. (The arguments of every
         runner's ``set_params``.)"""
-        return self._batcher(policy_id, "set_params").set_params(params)
+        what = f"{type(self).__name__}.set_params(params, {policy_id!r})"
+        return self._batcher(policy_id, "set_params").set_params(params, what)
 
     def get_params(self, policy_id: str | None = None) -> tuple[Params, int]:
         """``policy_id``'s current params (None: the env's one policy) and their version
