@@ -690,6 +690,8 @@ def test_a_save_that_fails_leaves_no_file_behind(tmp_path):
             runner.save(tmp_path / "nowhere" / "c.ckpt")
         with pytest.raises(TypeError, match=r"save\(path=None\): expected a file path"):
             runner.save(None)
+        with pytest.raises(TypeError, match=r"restore\(path=3\): expected a file path"):
+            runner.restore(3)  # an int would be a file descriptor to open()
 
 
 def test_restore_refuses_another_shape_of_runner(tmp_path):

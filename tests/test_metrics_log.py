@@ -92,6 +92,8 @@ def read_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
     return scalars
 
 
-def test_writer_refuses_a_non_callable_sink() -> None:
+def test_writer_refuses_a_non_callable_sink_and_a_non_path_folder() -> None:
     with pytest.raises(TypeError, match="callable"):
         jr.MetricsWriter("wandb")
+    with pytest.raises(TypeError, match=r"MetricsWriter\(tensorboard_dir=3\): expected a file path"):
+        jr.MetricsWriter(tensorboard_dir=3)

@@ -226,6 +226,25 @@ def test_save_load_path_without_npz_suffix(tmp_path: Any) -> None:
     assert_trees_equal(Trajectory.load(tmp_path / "traj"), traj)
 
 
+def test_save_and_load_take_paths_only_and_a_failed_save_leaves_nothing(tmp_path: Any) -> None:
+    traj = _hand_trajectory()
+    read, write = os.pipe()  # an int is a file descriptor to open(): never written to
+    try:
+        with pytest.raises(TypeError, match=r"Trajectory.save\(path=\d+\): expected a file path"):
+            traj.save(write)
+        with pytest.raises(TypeError, match=r"Trajectory.load\(path=\d+\): expected a file path"):
+            Trajectory.load(read)
+        os.write(write, b"still open")
+    finally:
+        os.close(read), os.close(write)
+    with pytest.raises(ValueError, match=r"Trajectory.save\('.*nowhere.*'\): the folder"):
+        traj.save(tmp_path / "nowhere" / "t.npz")
+    (tmp_path / "a_folder").mkdir()
+    with pytest.raises(IsADirectoryError):
+        traj.save(tmp_path / "a_folder")  # written aside, then refused by the rename
+    assert [p.name for p in tmp_path.iterdir()] == ["a_folder"]
+
+
 def test_load_rejects_foreign_npz(tmp_path: Any) -> None:
     path = tmp_path / "other.npz"
     np.savez(path, x=np.arange(3))

@@ -4,6 +4,7 @@ with one wording for every refusal: ``where(name=value): expected <what>; got <t
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -80,6 +81,15 @@ def check_bool(where: str, name: str, value: Any) -> bool:
         what = "True or False"
         raise InvalidArgumentTypeError(refusal(where, name, value, what, None, "", False))
     return bool(value)
+
+
+def check_path(where: str, name: str, value: Any) -> str:
+    """``value`` as a file path (``os.fspath``): a str or ``os.PathLike``, never an int,
+    which ``open`` would take as a file descriptor."""
+    if not isinstance(value, str | os.PathLike) or not isinstance(os.fspath(value), str):
+        what = "a file path (str or os.PathLike)"
+        raise InvalidArgumentTypeError(refusal(where, name, value, what, None, "", False))
+    return os.fspath(value)
 
 
 def check_config(where: str, config: Any, cls: type[C]) -> C:

@@ -3,7 +3,6 @@ and resume exactly. See docs/checkpoints.md."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -13,6 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxrunner._src.arg_checks import check_path
 from jaxrunner._src.backends.snapshots import SnapshotRefusedError
 from jaxrunner._src.checkpoints.checkpoint_file import (
     FORMAT,
@@ -28,9 +28,10 @@ from jaxrunner._src.checkpoints.kept_episodes import (
     kept_episodes,
 )
 from jaxrunner._src.checkpoints.live_episodes import put_live_episodes
+from jaxrunner._src.core.npz_file import write_npz
 from jaxrunner._src.core.runner_state import RunnerParts
 from jaxrunner._src.core.seeds import env_seeds
-from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+from jaxrunner.errors import InvalidArgumentError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,16 +51,7 @@ class RestoreReport:
 def save(parts: RunnerParts, path: str | os.PathLike) -> None:
     """Writes the runner's state to ``path`` (see docs/checkpoints.md); atomic: a crash
     mid-write leaves any earlier file at ``path`` whole."""
-    if not isinstance(path, str | os.PathLike):
-        raise InvalidArgumentTypeError(
-            f"{parts.runner}.save(path={path!r}): expected a file path (str or os.PathLike)."
-        )
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise InvalidArgumentError(
-            f"{parts.runner}.save({os.fspath(path)!r}): the folder {folder!r} does not exist; "
-            "create it first (os.makedirs(folder, exist_ok=True))."
-        )
+    path = check_path(f"{parts.runner}.save", "path", path)
     arrays: dict[str, np.ndarray] = {}
     state = parts.state
     put_tree(arrays, "params", dict(state.params))
@@ -90,18 +82,7 @@ def save(parts: RunnerParts, path: str | os.PathLike) -> None:
         **{key: _put_episodes(arrays, key, kept) for key, kept in kept_episodes(parts).items()},
     }
     arrays[META] = np.array(json.dumps(meta))
-    path = os.fspath(path)
-    # Written aside, then renamed: a crash mid-write leaves an earlier file whole.
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            # The stub lets a name collide with savez's allow_pickle; ours are paths "a/b".
-            np.savez(f, **arrays)  # type: ignore[arg-type]
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):  # (no file: the open failed)
-            os.remove(tmp)
-        raise
+    write_npz(path, arrays, f"{parts.runner}.save")
 
 
 def put_tree(arrays: dict[str, np.ndarray], prefix: str, tree: Any) -> list[list[Part]]:
@@ -155,7 +136,7 @@ def restore(
     """Makes the runner of ``parts`` (built as the saved one) continue where the checkpoint
     at ``path`` left off (``parts.seed`` set to the saved one). The file is checked whole
     first; the steps that can fail come next and are undone if one fails."""
-    path = os.fspath(path)
+    path = check_path(f"{parts.runner}.restore", "path", path)
     ckpt = CheckpointFile(parts, path).read(load_env_pickles, max_bytes)
     envs_restored, note = _resume_envs(parts, ckpt, path)
     state = parts.state

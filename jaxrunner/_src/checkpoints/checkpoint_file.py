@@ -19,7 +19,7 @@ from jaxrunner._src.checkpoints.kept_episodes import (
 )
 from jaxrunner._src.checkpoints.live_episodes import read_live_episodes
 from jaxrunner._src.core.agent_groups import DEFAULT_POLICY_ID
-from jaxrunner._src.core.npz_reader import NpzReader
+from jaxrunner._src.core.npz_file import NpzReader
 from jaxrunner._src.core.runner_state import RunnerParts
 from jaxrunner._src.samplers.info_arrays import is_recorder_state
 

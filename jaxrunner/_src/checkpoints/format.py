@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrunner._src.core.npz_reader import HeaderCheck
+from jaxrunner._src.core.npz_file import HeaderCheck
 
 META = "__meta__"
 MAX_META_BYTES = 1 << 26

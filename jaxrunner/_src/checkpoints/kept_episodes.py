@@ -15,7 +15,7 @@ from jaxrunner._src.checkpoints.format import leading
 from jaxrunner._src.checkpoints.reader import CheckpointReader, EpisodeSpaces
 from jaxrunner._src.core.agent_groups import DEFAULT_POLICY_ID
 from jaxrunner._src.core.episode import AgentEpisode, Episode
-from jaxrunner._src.core.npz_reader import NpzReader
+from jaxrunner._src.core.npz_file import NpzReader
 from jaxrunner._src.core.runner_state import RunnerParts
 
 EPISODE_SCALARS: dict[type, dict[str, type]] = {

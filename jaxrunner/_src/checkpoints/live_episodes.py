@@ -11,7 +11,7 @@ import numpy as np
 
 from jaxrunner._src.checkpoints.format import bytes_check
 from jaxrunner._src.checkpoints.reader import CheckpointReader
-from jaxrunner._src.core.npz_reader import NpzReader
+from jaxrunner._src.core.npz_file import NpzReader
 from jaxrunner._src.core.runner_state import RunnerParts
 from jaxrunner._src.samplers.callbacks import LiveEpisode
 

@@ -25,7 +25,7 @@ from jaxrunner._src.checkpoints.format import (
     leading,
     path_leaves,
 )
-from jaxrunner._src.core.npz_reader import NUMERIC_KINDS, HeaderCheck, NpzReader
+from jaxrunner._src.core.npz_file import NUMERIC_KINDS, HeaderCheck, NpzReader
 from jaxrunner._src.core.seeds import MAX_SEED
 from jaxrunner.errors import InvalidArgumentError
 

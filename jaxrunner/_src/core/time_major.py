@@ -4,6 +4,7 @@ envs, numpy conversion, ``.npz`` files, and ``next_obs`` stored in full or compa
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Self, TypeVar
@@ -11,9 +12,11 @@ from typing import Any, ClassVar, Self, TypeVar
 import jax
 import numpy as np
 
+from jaxrunner._src.arg_checks import check_path
 from jaxrunner._src.core import next_obs_store
 from jaxrunner._src.core.next_obs_store import FinalObs
-from jaxrunner._src.core.trajectory_file import encode_tree, write_file
+from jaxrunner._src.core.npz_file import write_npz
+from jaxrunner._src.core.trajectory_file import encode_tree
 from jaxrunner.errors import InvalidArgumentError
 
 VERSION = 1
@@ -76,10 +79,13 @@ class TimeMajor:
     ) -> None:
         """Writes the fields ``names`` to one ``.npz``, then each entry ``more[key](arrays)``
         of the spec (its arrays added to ``arrays``, after the fields')."""
+        where = f"{type(self).__name__}.save"
+        path = check_path(where, "path", path)
         arrays: dict[str, np.ndarray] = {}
         fields = {name: encode_tree(getattr(self, name), arrays) for name in names}
         spec = {"format": self._FORMAT, "version": VERSION, "fields": fields}
-        write_file(path, spec | {key: entry(arrays) for key, entry in more.items()}, arrays)
+        spec |= {key: entry(arrays) for key, entry in more.items()}
+        write_npz(path, {"__spec__": np.array(json.dumps(spec)), **arrays}, where)
 
 
 TrajectoryT = TypeVar("TrajectoryT", bound=TimeMajor)

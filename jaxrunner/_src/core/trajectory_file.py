@@ -1,10 +1,9 @@
 """Writing and reading trajectory files, which may be hostile: a zip of ``.npy`` members, a
 JSON ``__spec__`` (format, version, each field's tree of array names) and one member per
-array, read through the bounded :mod:`.npz_reader` and checked field against field."""
+array, read through the bounded :mod:`.npz_file` and checked field against field."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -12,8 +11,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrunner._src.arg_checks import check_int
-from jaxrunner._src.core.npz_reader import NpzReader
+from jaxrunner._src.arg_checks import check_int, check_path
+from jaxrunner._src.core.npz_file import NpzReader
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 MAX_SPEC_BYTES = 1 << 20
@@ -62,14 +61,6 @@ def encode_tree(tree: Any, arrays: dict[str, np.ndarray]) -> Any:
     return {"array": name}
 
 
-def write_file(path: str | os.PathLike[str], spec: dict[str, Any], arrays: dict[str, Any]) -> None:
-    """Writes ``spec`` (JSON) and ``arrays`` (from :func:`encode_tree`) to one ``.npz``
-    at exactly ``path`` (no pickle)."""
-    # An open file: np.savez would append ".npz" to a bare path, and load would miss it.
-    with open(path, "wb") as file:
-        np.savez(file, __spec__=np.array(json.dumps(spec)), **arrays)
-
-
 class TrajectoryFile(NpzReader):
     """An open trajectory file (a context manager) whose spec must name
     ``expected_format`` and ``expected_version``, its arrays within ``max_bytes`` (None: no
@@ -84,6 +75,7 @@ class TrajectoryFile(NpzReader):
         kind: str = "Trajectory",
     ) -> None:
         self._format, self._version, self._kind = expected_format, expected_version, kind
+        path = check_path(f"{kind}.load", "path", path)
         check_int(f"{kind}.load", "max_bytes", max_bytes, low=0, none="for no cap")
         super().__init__(path, self.error, max_bytes, "; pass a larger max_bytes")
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrunner._src.arg_checks import check_int
+from jaxrunner._src.arg_checks import check_int, check_path
 from jaxrunner.errors import InvalidArgumentTypeError, MissingDependencyError
 
 Sink = Callable[..., Any]
@@ -98,7 +98,10 @@ class MetricsWriter:
         self.sinks = sinks
         self.prefix = prefix
         self.sep = sep
-        self._tensorboard = None if tensorboard_dir is None else _summary_writer(tensorboard_dir)
+        self._tensorboard = None
+        if tensorboard_dir is not None:
+            path = check_path("MetricsWriter", "tensorboard_dir", tensorboard_dir)
+            self._tensorboard = _summary_writer(path)
         self._writes = 0
 
     def write(self, metrics: Mapping[str, Any], step: int | None = None) -> dict[str, int | float]:
@@ -139,7 +142,7 @@ class MetricsWriter:
         self.close()
 
 
-def _summary_writer(logdir: str | os.PathLike[str]) -> Any:
+def _summary_writer(logdir: str) -> Any:
     try:
         from tensorboardX import SummaryWriter
     except ImportError as err:
@@ -148,4 +151,4 @@ def _summary_writer(logdir: str | os.PathLike[str]) -> Any:
             'install it with pip install "jaxrunner[tensorboard]" (or leave '
             "tensorboard_dir unset and pass a callable)."
         ) from err
-    return SummaryWriter(logdir=os.fspath(logdir))
+    return SummaryWriter(logdir=logdir)

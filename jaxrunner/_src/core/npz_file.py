@@ -1,10 +1,12 @@
-"""Reading a ``.npz`` file that may be hostile, within bounds: the one reader behind
-``Trajectory.load`` and ``EnvRunner.restore``. It reads only the members asked for, each
-once, each ``.npy`` header checked before memory is allocated, within one byte budget."""
+"""The ``.npz`` files of ``Trajectory.save``/``load`` and ``EnvRunner.save``/``restore``:
+written whole or not at all; read within bounds as files that may be hostile (only the
+members asked for, each once, each ``.npy`` header checked before memory is allocated,
+within one byte budget)."""
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import math
 import os
@@ -15,7 +17,7 @@ from typing import Any, Self
 
 import numpy as np
 
-from jaxrunner.errors import JaxRunnerError
+from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
 
 NUMERIC_KINDS = "biufc"
 """The ``.npy`` dtype kinds of numeric arrays (bool, ints, floats, complex)."""
@@ -23,6 +25,28 @@ NUMERIC_KINDS = "biufc"
 HeaderCheck = Callable[[tuple[int, ...], np.dtype], str | None]
 """Checks a member's header (shape, dtype) before it is read: None if it is what the
 caller expects, else a description of what is wrong (``"is float32[3]; expected ..."``)."""
+
+
+def write_npz(path: str, arrays: dict[str, np.ndarray], where: str) -> None:
+    """Writes ``arrays`` to one ``.npz`` at exactly ``path`` (no pickle; ``where``, e.g.
+    ``"EnvRunner.save"``, names the call in errors): aside, then renamed, so a crash
+    mid-write leaves an earlier file at ``path`` whole."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise InvalidArgumentError(
+            f"{where}({path!r}): the folder {folder!r} does not exist; create it first "
+            "(os.makedirs(folder, exist_ok=True))."
+        )
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        # An open file: np.savez would append ".npz" to a bare path, and load would miss it.
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)  # type: ignore[arg-type]  # names like "a/b" are ours
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):  # (no file: the open failed)
+            os.remove(tmp)
+        raise
 
 
 class NpzReader:
