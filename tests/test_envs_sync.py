@@ -302,6 +302,15 @@ def test_reset_seed_list() -> None:
         np.testing.assert_array_equal(obs[:, CountingEnv.SEED], [9, 4, 1])
         with pytest.raises(ValueError, match=r"num_envs=3.*got 2"):
             vec.reset(seed=[1, 2])
+        # Refused by name before any sub-env resets, not by gymnasium inside one.
+        with pytest.raises(ValueError, match=r"num_envs=3.*got 1.5 \(float\)"):
+            vec.reset(seed=[1, 1.5, 2])
+        with pytest.raises(ValueError, match=r"reset\(seed=-1\): expected an int >= 0"):
+            vec.reset(seed=-1)
+        for seed in (2.0, True, "abc"):
+            with pytest.raises(TypeError, match=r"reset\(seed=.*: expected an int >= 0"):
+                vec.reset(seed=seed)
+        assert vec.get_attr("episode") == (0, 0, 0)  # the first reset only
 
 
 @pytest.mark.parametrize(
@@ -692,7 +701,7 @@ def test_reset_batch_refuses_a_seed_count_other_than_num_envs(kind: str, backend
     # reset a prefix of the sub-envs (too few) or failed in a sub-env (too many).
     with closing(make_kind(kind, 3, backend, seed=SEED)) as vec:
         episodes = vec.get_attr("episode")
-        for seeds in ([1, 2], [1, 2, 3, 4], 3, None):
+        for seeds in ([1, 2], [1, 2, 3, 4], 3, None, [1, 2.5, 3], [1, -2, 3], [1, True, 3]):
             with pytest.raises(InvalidArgumentError, match=r"reset_batch\(seeds=.*one seed per"):
                 vec.reset_batch(seeds)
         assert vec.get_attr("episode") == episodes  # no sub-env was reset

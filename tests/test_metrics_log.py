@@ -92,8 +92,12 @@ def read_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
     return scalars
 
 
-def test_writer_refuses_a_non_callable_sink_and_a_non_path_folder() -> None:
+def test_writer_and_flatten_refuse_other_arguments_by_name() -> None:
     with pytest.raises(TypeError, match="callable"):
         jr.MetricsWriter("wandb")
-    with pytest.raises(TypeError, match=r"MetricsWriter\(tensorboard_dir=3\): expected a file path"):
+    with pytest.raises(TypeError, match=r"flatten_metrics\(metrics=3\): expected a mapping"):
+        jr.flatten_metrics(3)
+    with pytest.raises(
+        TypeError, match=r"MetricsWriter\(tensorboard_dir=3\): expected a file path"
+    ):
         jr.MetricsWriter(tensorboard_dir=3)

@@ -124,16 +124,25 @@ def refusal(
 
 
 def check_seed_count(seeds: Any, num_envs: int, where: str) -> None:
-    """Refuses ``reset_batch`` seeds that are not one per sub-env (before any resets);
-    ``where`` names the vector env."""
+    """Refuses ``reset_batch`` seeds that are not one per sub-env, each an int >= 0 or
+    None (before any resets); ``where`` names the vector env."""
     count = len(seeds) if isinstance(seeds, (Sequence, np.ndarray)) else None
-    if count != num_envs or isinstance(seeds, str):
+    bad = next((i for i, s in enumerate(seeds) if not is_seed(s)), None) if count else None
+    if count != num_envs or isinstance(seeds, str) or bad is not None:
         got = f"{count}" if count is not None else f"a {type(seeds).__name__}"
+        if bad is not None and count == num_envs:
+            got = f"seeds[{bad}]={seeds[bad]!r:.40} ({type(seeds[bad]).__name__})"
         raise InvalidArgumentError(
             f"{where}.reset_batch(seeds=...): expected one seed per sub-env (num_envs="
-            f"{num_envs}), each an int or None, got {got}. jaxrunner.env_seeds(seed, "
+            f"{num_envs}), each an int >= 0 or None, got {got}. jaxrunner.env_seeds(seed, "
             "num_envs) makes them from one seed."
         )
+
+
+def is_seed(value: Any) -> bool:
+    """``value`` seeds a gymnasium env: an int >= 0 (numpy ints count, bools do not) or
+    None."""
+    return value is None or is_int(value, low=0)
 
 
 def check_env_fns(where: str, env_fns: Sequence[Any]) -> None:

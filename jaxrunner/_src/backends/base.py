@@ -15,7 +15,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.arg_checks import is_int
+from jaxrunner._src.arg_checks import check_int, is_int, is_seed, refusal
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.steps import BatchStep, EnvIds, MultiAgentStep
@@ -24,6 +24,7 @@ from jaxrunner.errors import (
     ClosedError,
     EnvIndexError,
     InvalidArgumentError,
+    InvalidArgumentTypeError,
     SpaceMismatchError,
 )
 
@@ -35,13 +36,18 @@ def normalize_seeds(seed: int | Sequence[int | None] | None, num_envs: int) -> l
     """gymnasium's seeding rule: ``int`` s -> ``[s, s+1, ...]``; a list is taken as is."""
     if seed is None:
         return [None] * num_envs
-    if isinstance(seed, (int, np.integer)):
-        return [int(seed) + i for i in range(num_envs)]
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+        return [check_int("reset", "seed", seed, low=0) + i for i in range(num_envs)]
+    if isinstance(seed, str) or not isinstance(seed, (Sequence, np.ndarray)):
+        what = "an int >= 0 (sub-env i gets seed + i), one seed per sub-env, or None"
+        raise InvalidArgumentTypeError(refusal("reset", "seed", seed, what, None, "", False))
     seeds = list(seed)
-    if len(seeds) != num_envs:
+    bad = next((s for s in seeds if not is_seed(s)), None)
+    if len(seeds) != num_envs or bad is not None:
+        got = f"{len(seeds)}" if len(seeds) != num_envs else f"{bad!r:.40} ({type(bad).__name__})"
         raise InvalidArgumentError(
-            f"reset(seed=...): a list of seeds needs one per sub-env (num_envs={num_envs}), "
-            f"got {len(seeds)}. Pass an int to seed sub-env i with seed+i."
+            f"reset(seed=[...]): a list of seeds needs one per sub-env (num_envs={num_envs}), "
+            f"each an int >= 0 or None; got {got}. Pass an int to seed sub-env i with seed+i."
         )
     return seeds
 

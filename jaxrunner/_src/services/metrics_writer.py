@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrunner._src.arg_checks import check_int, check_path
+from jaxrunner._src.arg_checks import check_int, check_path, refusal
 from jaxrunner.errors import InvalidArgumentTypeError, MissingDependencyError
 
 Sink = Callable[..., Any]
@@ -38,6 +38,11 @@ def flatten_metrics(
         InvalidArgumentTypeError: a value is neither a number nor a mapping; the
             message names its key.
     """
+    if not isinstance(metrics, Mapping):
+        what = "a mapping of numbers, e.g. runner.get_metrics()"
+        raise InvalidArgumentTypeError(
+            refusal("flatten_metrics", "metrics", metrics, what, None, "", False)
+        )
     flat: dict[str, int | float] = {}
     for key, value in metrics.items():
         name = f"{prefix}{sep}{key}" if prefix else str(key)
