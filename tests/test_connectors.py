@@ -398,6 +398,12 @@ def test_learner_recomputes_the_sampled_log_probs_bit_for_bit():
 def test_connectors_are_checked():
     with pytest.raises(jr.errors.InvalidArgumentTypeError, match="ObsConnector"):
         C.Connectors(obs=[lambda s, o, e, a: (o, s)])
+    with pytest.raises(
+        jr.errors.InvalidArgumentTypeError, match=r"wrap one in a list: obs=\[...\]"
+    ):
+        C.Connectors(obs=C.NormalizeObservation())  # one connector, not a list of them
+    with pytest.raises(jr.errors.InvalidArgumentTypeError, match=r"Connectors\(action='x'\)"):
+        C.Connectors(action="x")
     with pytest.raises(InvalidArgumentError, match="Box"):
         C.NormalizeObservation().init(2, spaces.Discrete(3))
     with pytest.raises(InvalidArgumentError, match="num_frames"):

@@ -173,6 +173,16 @@ def test_make_vec_refuses_what_only_one_kind_takes():
             jr.make_vec(lambda: gymnasium.make("CartPole-v1"), 2, backend, policy_mapping_fn=str)
     with pytest.raises(InvalidArgumentTypeError, match=r"policy_mapping_fn=.*themselves"):
         jr.make_vec("CartPole-v1", 2, "gymnasium", policy_mapping_fn=str)
+
+
+@pytest.mark.parametrize("backend", ["sync", "process"])
+def test_a_policy_mapping_that_is_no_function_or_fails_is_named(backend):
+    with pytest.raises(InvalidArgumentTypeError, match=r"policy_mapping_fn=3: expected a function"):
+        jr.make_vec(envs_mod.coming_and_going, 2, backend, policy_mapping_fn=3)
+    with pytest.raises(InvalidArgumentError, match=r"policy_mapping_fn\('a0'\) raised KeyError"):
+        jr.make_vec(envs_mod.coming_and_going, 2, backend, policy_mapping_fn={}.__getitem__)
+    with pytest.raises(InvalidArgumentError, match=r"policy_mapping_fn\('a0'\) returned 3"):
+        jr.make_vec(envs_mod.coming_and_going, 2, backend, policy_mapping_fn=lambda agent: 3)
     with pytest.raises(InvalidArgumentTypeError, match="make_vec builds both kinds"):
         jr.make_multi_agent_vec(lambda: gymnasium.make("CartPole-v1"), 2)
     for env in (ComingAndGoing(), gymnasium.make("CartPole-v1")):  # an env, not a factory

@@ -400,6 +400,16 @@ def test_perf_timers_mean_and_ema():
         jr.MetricsConfig(perf_ema=1.5)
     with pytest.raises(ValueError, match="episode_window"):
         jr.MetricsConfig(episode_window=0)
+    envs = jr.make_vec("CartPole-v1", 2)
+    policy = mlp_policy(envs.single_action_space)
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with (
+        envs,
+        pytest.raises(
+            TypeError, match=r"EnvRunner\(metrics=...\): expected a jaxrunner.MetricsConfig"
+        ),
+    ):
+        jr.EnvRunner(envs, policy, params, 4, 0, metrics={"episode_window": 5})
 
 
 def test_metrics_of_one_agent_are_the_multi_agent_metrics_without_agent_keys():

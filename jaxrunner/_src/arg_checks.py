@@ -92,14 +92,15 @@ def check_path(where: str, name: str, value: Any) -> str:
     return os.fspath(value)
 
 
-def check_config(where: str, config: Any, cls: type[C]) -> C:
-    """``config`` as a ``cls`` (None: the defaults, ``cls()``); anything else refused."""
+def check_config(where: str, config: Any, cls: type[C], name: str = "config") -> C:
+    """``config`` (argument ``name``) as a ``cls`` (None: the defaults, ``cls()``);
+    anything else refused."""
     if config is None:
         return cls()
     if not isinstance(config, cls):
         got = type(config).__name__
         raise InvalidArgumentTypeError(
-            f"{where}(config=...): expected a jaxrunner.{cls.__name__}, got {got}."
+            f"{where}({name}=...): expected a jaxrunner.{cls.__name__}, got {got}."
         )
     return config
 

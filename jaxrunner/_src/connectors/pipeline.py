@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 import flax.struct
@@ -69,6 +69,14 @@ class Connectors:
     pass ``obs`` as a dict)."""
 
     def __post_init__(self) -> None:
+        for field in ("obs", "action", "obs_names"):
+            value = getattr(self, field)
+            if isinstance(value, str) or not isinstance(value, Iterable):
+                raise InvalidArgumentTypeError(
+                    f"Connectors({field}={value!r:.80}): expected a list"
+                    f"{' (or a dict by name)' if field == 'obs' else ''}, got "
+                    f"{type(value).__name__}; wrap one in a list: {field}=[...]."
+                )
         names = list(self.obs) if isinstance(self.obs, Mapping) else list(self.obs_names)
         if isinstance(self.obs, Mapping) and self.obs_names:
             raise InvalidArgumentError(

@@ -11,7 +11,7 @@ from typing import Any
 from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
-from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
 
 PolicyMappingFn = Callable[[str], str]
 """``agent_id -> policy_id``."""
@@ -92,7 +92,8 @@ def build_groups(
 
     Raises:
         SpaceMismatchError: two agents mapped to one policy have different spaces.
-        InvalidArgumentError: the mapping returns something other than a str.
+        InvalidArgumentError: the mapping raises, or returns something other than a str.
+        InvalidArgumentTypeError: the mapping is not callable.
     """
     agents = list(possible_agents)
     if not agents:
@@ -102,9 +103,21 @@ def build_groups(
     if policy_mapping_fn is None:
         default = default_policy_mapping(agents, observation_space, action_space)
         policy_mapping_fn = default.__getitem__
+    elif not callable(policy_mapping_fn):
+        raise InvalidArgumentTypeError(
+            f"policy_mapping_fn={policy_mapping_fn!r:.80}: expected a function agent_id -> "
+            "policy_id (str), or None for one policy per distinct pair of spaces; got "
+            f"{type(policy_mapping_fn).__name__}."
+        )
     members: dict[str, list[str]] = {}
     for agent in agents:
-        policy_id = policy_mapping_fn(agent)
+        try:
+            policy_id = policy_mapping_fn(agent)
+        except Exception as err:
+            raise InvalidArgumentError(
+                f"policy_mapping_fn({agent!r}) raised {type(err).__name__}: {err}; it must map "
+                "every possible agent id to a policy id (str)."
+            ) from err
         if not isinstance(policy_id, str):
             raise InvalidArgumentError(
                 f"policy_mapping_fn({agent!r}) returned {policy_id!r}; expected a policy id (str)."

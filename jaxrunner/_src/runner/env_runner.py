@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from jaxrunner._src.arg_checks import check_bool, check_int
+from jaxrunner._src.arg_checks import check_bool, check_config, check_int
 from jaxrunner._src.backends.base import BaseVectorEnv, MultiAgentVectorEnv, VectorEnv
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.checkpoints import checkpoint
@@ -123,6 +123,7 @@ class EnvRunner:
         device_params = {
             pid: put_params(p, f"{name}(params), policy {pid!r}") for pid, p in by_id.items()
         }
+        metrics = check_config(name, metrics, MetricsConfig, "metrics")
         self.compact_next_obs = compact_next_obs
         self.chunk_rows = None if chunk_rows is None else int(chunk_rows)
         # As given (multi-agent: a dict by policy id), and by policy id (those with some).
@@ -134,7 +135,7 @@ class EnvRunner:
         self.rollout_length = int(rollout_length)
         self.seed = int(seed)
         self.callbacks: Any = callbacks
-        self.state: RunnerState = self.kind.new_state(device_params, metrics or MetricsConfig())
+        self.state: RunnerState = self.kind.new_state(device_params, metrics)
         self._on_agent_episode_end = self.kind.agent_episode_end(callbacks)
         try:
             self.sampler: Any = self.kind.sampler(self, num_splits)
