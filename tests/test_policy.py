@@ -627,6 +627,15 @@ def test_from_linen_names_a_module_class_or_another_object() -> None:
         jr.Policy.from_linen(GRUPolicy, spaces.Discrete(2))
     with pytest.raises(TypeError, match=r"expected a flax.linen module instance, got 3"):
         jr.Policy.from_linen(3, spaces.Discrete(2))
+    with pytest.raises(
+        TypeError, match=r"from_linen\(action_space=...\): expected a gymnasium space"
+    ):
+        jr.Policy.from_linen(nn.Dense(2), 2)  # the number of actions, not a space
+    policy = jr.Policy.from_linen(nn.Dense(2), spaces.Discrete(2))
+    with pytest.raises(
+        TypeError, match=r"init\(observation_space=...\): expected a gymnasium space"
+    ):
+        policy.init(jax.random.key(0), (4,))
 
 
 def test_init_without_init_fn() -> None:

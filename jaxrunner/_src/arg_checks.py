@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import numpy as np
+from gymnasium import spaces
 
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
@@ -90,6 +91,15 @@ def check_path(where: str, name: str, value: Any) -> str:
         what = "a file path (str or os.PathLike)"
         raise InvalidArgumentTypeError(refusal(where, name, value, what, None, "", False))
     return os.fspath(value)
+
+
+def check_space(where: str, name: str, value: Any) -> spaces.Space:
+    """``value`` if it is a gymnasium space; anything else refused by name."""
+    if not isinstance(value, spaces.Space):
+        raise InvalidArgumentTypeError(
+            f"{where}({name}=...): expected a gymnasium space, got {type(value).__name__}."
+        )
+    return value
 
 
 def check_config(where: str, config: Any, cls: type[C], name: str = "config") -> C:

@@ -12,7 +12,7 @@ from gymnasium import spaces
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.arg_checks import check_bool, check_int
+from jaxrunner._src.arg_checks import check_bool, check_int, check_space
 from jaxrunner._src.backends.functional_env import (
     EnvStep,
     FunctionalEnv,
@@ -252,12 +252,7 @@ class JaxVectorEnv(GroupedAgents):
     @staticmethod
     def _space(given: spaces.Space | None, env: Any, name: str, params: Any) -> spaces.Space:
         if given is not None:
-            if not isinstance(given, spaces.Space):
-                raise InvalidArgumentTypeError(
-                    f"JaxVectorEnv({name}=...): expected a gymnasium space, got "
-                    f"{type(given).__name__}."
-                )
-            return given
+            return check_space("JaxVectorEnv", name, given)
         method = getattr(env, name, None)
         if not callable(method):
             raise InvalidArgumentError(

@@ -14,7 +14,7 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.arg_checks import check_int
+from jaxrunner._src.arg_checks import check_int, check_space
 from jaxrunner._src.core import distributions
 from jaxrunner._src.core.module_policy import (
     ApplyFn,
@@ -181,6 +181,7 @@ class Policy:
                 "Policy.init: this Policy has no init_fn; build params yourself or pass "
                 "init_fn=(key, obs, carry) -> params."
             )
+        check_space("Policy.init", "observation_space", observation_space)
         return self.init_fn(key, dummy_obs(observation_space), self.batched_carry(1))
 
     def recording_carry(self, name: str = "carry") -> Policy:
@@ -241,6 +242,7 @@ class Policy:
                 f"Policy.from_linen(module=...): expected a flax.linen module instance, got "
                 f"{got:.80}; construct it first, e.g. Policy.from_linen(MyModule(), space)."
             )
+        check_space("Policy.from_linen", "action_space", action_space)
         recurrent = initial_carry is not None
 
         def fns(init: Callable[..., Params]) -> dict[str, Any]:
@@ -273,6 +275,7 @@ class Policy:
         state (nnx modules are initialised when constructed), whatever the key."""
         from flax import nnx
 
+        check_space("Policy.from_nnx", "action_space", action_space)
         graphdef, state = nnx.split(module)
 
         def call(module_params: Params, *inputs: Any) -> Any:

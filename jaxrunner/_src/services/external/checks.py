@@ -11,7 +11,7 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.arg_checks import check_int
+from jaxrunner._src.arg_checks import check_int, check_space
 from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.core.policy import Policy
 from jaxrunner._src.services.external.episodes import MAX_EPISODE_ID
@@ -38,11 +38,7 @@ def check_construction(
         ("observation_space", observation_space),
         ("action_space", action_space),
     ):
-        if not isinstance(space, spaces.Space):
-            raise InvalidArgumentTypeError(
-                f"{who}({name}=...): expected a gymnasium space, got {type(space).__name__}."
-            )
-        space_arrays.check_supported(space, name)
+        space_arrays.check_supported(check_space(who, name, space), name)
     if not isinstance(policy, Policy):
         raise InvalidArgumentTypeError(
             f"{who}({policy_name}=...): expected a jaxrunner.Policy, got {policy!r}."
