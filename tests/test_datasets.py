@@ -171,6 +171,28 @@ def test_agent_episodes_are_refused_by_name(datasets_path, sampled) -> None:
     assert "jr/agents/refused-v0" not in minari.list_local_datasets()
 
 
+def test_what_from_minari_would_refuse_is_never_written(datasets_path: Path, sampled) -> None:
+    episodes, spaces = sampled
+    narrow = gymnasium.spaces.Box(-1, 1, (3,), np.float32)  # another env's space
+    with pytest.raises(ValueError, match=r"episode \d+ of env \d+, field observations: expected"):
+        jr.to_minari(episodes, "jr/wrong/space-v0", **{**spaces, "observation_space": narrow})
+    with pytest.raises(ValueError, match=r"field actions: row \d+ .* is outside Discrete\(1\)"):
+        jr.to_minari(
+            episodes,
+            "jr/wrong/space-v0",
+            **{**spaces, "action_space": gymnasium.spaces.Discrete(1)},
+        )
+    with pytest.raises(TypeError, match=r"to_minari\(action_space=...\): expected a gymnasium"):
+        jr.to_minari(episodes, "jr/wrong/space-v0", **{**spaces, "action_space": 2})
+    with pytest.raises(TypeError, match=r"item 1 is a dict; expected jaxrunner.Episode"):
+        jr.to_minari([episodes[0], {}], "jr/wrong/space-v0", **spaces)
+    with pytest.raises(ValueError, match=r"seeds=\{0: 1.5\}"):
+        jr.to_minari(episodes, "jr/wrong/space-v0", seeds={0: 1.5}, **spaces)
+    assert "jr/wrong/space-v0" not in minari.list_local_datasets()
+    with pytest.raises(TypeError, match=r"from_minari\(dataset=3\): expected a dataset id"):
+        jr.from_minari(3)
+
+
 def test_incomplete_episodes_are_refused(datasets_path: Path, sampled) -> None:
     episodes, spaces = sampled
     tail = episodes[0].replace(start_step=4)

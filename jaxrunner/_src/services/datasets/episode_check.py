@@ -1,4 +1,5 @@
-"""Checking one episode read from a Minari dataset and building its Episode."""
+"""Checking one episode of a Minari dataset, as read or about to be written, and
+building its Episode."""
 
 from __future__ import annotations
 
@@ -16,15 +17,17 @@ from jaxrunner.errors import InvalidArgumentError
 
 class EpisodeCheck:
     """Checks one stored episode (Minari's dict of its fields) and builds its Episode;
-    errors name the episode (``where``) and the field."""
+    errors name the episode (``where``) and the field, and end with ``fix``."""
 
-    def __init__(self, where: str) -> None:
-        self.where = where
+    def __init__(
+        self, where: str, fix: str = "write the dataset again from complete episodes"
+    ) -> None:
+        self.where, self.fix = where, fix
 
     def error(self, field: str, problem: str) -> InvalidArgumentError:
         return InvalidArgumentError(
             f"{self.where}, field {field}: {problem}. The episode is inconsistent and is "
-            "refused; write the dataset again from complete episodes."
+            f"refused; {self.fix}."
         )
 
     def episode(

@@ -57,7 +57,12 @@ def from_minari(
             at its last step only, ``infos`` rows per observation. The message names
             the episode and the field.
     """
-    import_minari()
+    minari = import_minari()
+    if not isinstance(dataset, str | minari.MinariDataset):
+        raise InvalidArgumentTypeError(
+            f"from_minari(dataset={dataset!r:.80}): expected a dataset id (str) or a "
+            f"minari.MinariDataset; got {type(dataset).__name__}."
+        )
     if trusted_entry_point is not None and not isinstance(trusted_entry_point, str):
         raise InvalidArgumentTypeError(
             f"from_minari(trusted_entry_point={trusted_entry_point!r}): expected None or a "

@@ -11,9 +11,11 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
+from jaxrunner._src.arg_checks import check_space, is_int
 from jaxrunner._src.core.episode import AgentEpisode, Episode
 from jaxrunner._src.services.datasets.dependency import import_minari
-from jaxrunner.errors import InvalidArgumentError
+from jaxrunner._src.services.datasets.episode_check import EpisodeCheck
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 
 def to_minari(
@@ -51,21 +53,38 @@ def to_minari(
 
     Raises:
         InvalidArgumentError: an episode is not complete (not seen from its reset,
-            or not finished), or is an ``AgentEpisode``. A write that fails leaves no
-            dataset behind.
+            or not finished), is an ``AgentEpisode``, or does not fit the spaces (the
+            check :func:`from_minari` makes on reading, made before anything is
+            written); a seed is not an int >= 0. A write that fails leaves no dataset
+            behind.
+        InvalidArgumentTypeError: a space is not a gymnasium space, or an item of
+            ``episodes`` not an Episode.
     """
     minari = import_minari()
     from minari.data_collector import EpisodeBuffer
 
+    check_space("to_minari", "observation_space", observation_space)
+    check_space("to_minari", "action_space", action_space)
     clip = space_arrays.clip_box_actions(action_space)
     seeds = dict(seeds or {})
+    for key, seed in seeds.items():
+        if not is_int(key, low=0) or not is_int(seed, low=0):
+            raise InvalidArgumentError(
+                f"to_minari(seeds={{{key!r}: {seed!r}}}, ...): expected episode ids (ints "
+                ">= 0) mapped to their reset seeds (ints >= 0)."
+            )
     buffers = []
-    for episode in episodes:
+    for k, episode in enumerate(episodes):
         if isinstance(episode, AgentEpisode):
             raise InvalidArgumentError(
                 f"to_minari: got an AgentEpisode of agent {episode.agent_id!r}; a Minari "
                 "dataset holds single-agent episodes (Minari has no multi-agent format). "
                 "Write the episodes of a single-agent runner."
+            )
+        if not isinstance(episode, Episode):
+            raise InvalidArgumentTypeError(
+                f"to_minari(episodes=...): item {k} is a {type(episode).__name__}; expected "
+                "jaxrunner.Episode objects, e.g. from runner.sample_episodes(n)."
             )
         # A faulty episode cut before its first step holds no transition to store.
         if episode.faulty and (not include_faulty or episode.length == 0):
@@ -78,20 +97,21 @@ def to_minari(
                 "whole episodes. Collect them with runner.sample_episodes(n)."
             )
         action = episode.action if clip is None else clip(episode.action)
-        action = space_arrays.as_space_dtypes(action_space, action)
-        buffers.append(
-            EpisodeBuffer(
-                id=len(buffers),
-                seed=seeds.get(episode.episode_id),
-                observations=jax.tree.map(np.asarray, episode.obs),
-                actions=action,
-                # Typed list by Minari, which stores any array-like.
-                rewards=np.asarray(episode.reward, np.float64),  # type: ignore[arg-type]
-                terminations=_final_flag(episode.length, episode.terminated),  # type: ignore[arg-type]
-                truncations=_final_flag(episode.length, episode.truncated),  # type: ignore[arg-type]
-                infos=_infos(episode),
-            )
-        )
+        fields = {
+            "observations": jax.tree.map(np.asarray, episode.obs),
+            "actions": space_arrays.as_space_dtypes(action_space, action),
+            "rewards": np.asarray(episode.reward, np.float64),
+            "terminations": _final_flag(episode.length, episode.terminated),
+            "truncations": _final_flag(episode.length, episode.truncated),
+            "infos": _infos(episode),
+        }
+        # What from_minari would refuse is not written: the same check, before any write.
+        where = f"to_minari: episode {episode.episode_id} of env {episode.env_id}"
+        fix = "pass a single env's spaces (envs.single_observation_space, ...) and its episodes"
+        EpisodeCheck(where, fix).episode(fields, k, observation_space, action_space)
+        seed = seeds.get(episode.episode_id)
+        # Typed lists by Minari, which stores any array-like.
+        buffers.append(EpisodeBuffer(id=len(buffers), seed=seed, **fields))  # type: ignore[arg-type]
     if not buffers:
         raise InvalidArgumentError(
             "to_minari: no episodes to write (faulty ones are left out unless include_faulty=True)."
