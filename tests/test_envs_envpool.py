@@ -166,10 +166,17 @@ def test_async_mode_steps_every_env_in_lockstep_as_sync_mode() -> None:
             env.step(actions[0])
 
 
-def test_async_mode_batch_size_checked() -> None:
-    for batch_size in (0, 3):
-        with pytest.raises(InvalidArgumentError, match=r"1 <= batch_size < num_envs=4"):
-            jr.make_vec("CartPole-v1", 4, backend="envpool", batch_size=batch_size)
+def test_async_mode_batch_size_and_envpools_arguments_checked() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"1 <= batch_size < num_envs=4"):
+        jr.make_vec("CartPole-v1", 4, backend="envpool", batch_size=3)
+    for name, value in (("batch_size", 0), ("batch_size", "2"), ("num_threads", -1)):
+        # num_threads=-1: EnvPool's C++ aborted the whole process (std::terminate).
+        with pytest.raises(InvalidArgumentError, match=rf"make_vec\({name}={value!r}\): expected"):
+            jr.make_vec("CartPole-v1", 4, backend="envpool", **{name: value})
+    with pytest.raises(TypeError, match=r"make_vec\(keep_reset_steps='y'\): expected True"):
+        jr.make_vec("CartPole-v1", 4, backend="envpool", keep_reset_steps="y")
+    with pytest.raises(InvalidArgumentError, match=r"'NoSuch-v0'\): not an EnvPool task"):
+        jr.make_vec("NoSuch-v0", 4, backend="envpool")  # EnvPool's own: a bare assert
 
 
 @pytest.mark.parametrize("batch_size", [None, 2], ids=["sync", "async"])

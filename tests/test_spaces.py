@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
+import jaxrunner as jr
 from jaxrunner._src import space_arrays
 from jaxrunner.errors import InvalidActionError, InvalidStepError, SpaceMismatchError
 from jaxrunner.testing import assert_trees_equal
@@ -122,6 +123,9 @@ def test_the_inline_batch_test_passes_only_what_the_checks_accept(space, lead) -
     candidates = [good, good.astype(np.int32), good.astype(np.float64), good.tolist()]
     candidates += [good[:1], good.reshape(-1), good + 100, good - 100, good * -1]
     candidates += [rng.integers(-3, 6, good.shape), rng.normal(size=good.shape)]
+    for value in (np.nan, np.inf, 3e38):  # 3e38: finite, its float32 sum is not
+        candidates.append(good.astype(np.float32))
+        candidates[-1].flat[-1] = value
     rows = int(np.prod(lead))
     for batch in candidates:
         try:
@@ -133,6 +137,27 @@ def test_the_inline_batch_test_passes_only_what_the_checks_accept(space, lead) -
         if passes(batch):
             assert accepted, (space, batch)
     assert passes(good)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_non_finite_box_actions_are_refused_before_the_env_steps(value) -> None:
+    space = spaces.Box(-2.0, 2.0, (1,), np.float32)
+    batch = np.full((3, 1), 9.0, np.float32)  # outside the bounds: the env's to clip
+    assert space_arrays.passing_batch_test(space, (3,))(batch)
+    batch[1] = value
+    assert not space_arrays.passing_batch_test(space, (3,))(batch)
+    with pytest.raises(
+        InvalidActionError, match=r"sub-env 1's action \[.*\] \(row 1 of the batch\) is not finite"
+    ):
+        space_arrays.check_action_batch(space, batch, 3)
+    huge = np.full((3, 1), 3e38, np.float32)  # finite rows whose sum overflows: accepted
+    assert space_arrays.passing_batch_test(space, (3,))(huge)
+    with jr.make_vec("Pendulum-v1", 3) as envs:  # refused before any sub-env steps
+        envs.reset(seed=0)
+        with pytest.raises(InvalidActionError, match="not finite"):
+            envs.step(batch)
+        _, reward, *_ = envs.step(np.zeros((3, 1), np.float32))
+        assert np.isfinite(reward).all()  # no sub-env went on in a NaN state
 
 
 def test_out_of_range_checks_reach_inside_dicts_and_large_batches() -> None:

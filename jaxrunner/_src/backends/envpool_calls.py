@@ -151,6 +151,11 @@ def pool_builder(
                 "[-2**31, 2**31 - 1]."
             )
         by = {"seed": seeds} if isinstance(seeds, int) else {"env_seed": seeds}
+        if task_id not in envpool.list_all_envs():  # EnvPool's own check is a bare assert
+            raise InvalidArgumentError(
+                f"{where}({task_id!r}): not an EnvPool task; envpool.list_all_envs() names "
+                "them (for a gymnasium id, use another backend, e.g. 'sync')."
+            )
         return envpool.make_gymnasium(task_id, **sizes, **by, **kwargs)
 
     return build

@@ -60,7 +60,8 @@ def check_action_batch(
 ) -> Any:
     """The batch of ``num_envs`` actions as numpy leaves, checked whole before any
     sub-env steps: shape ``[num_envs, *shape]``, the space's dtype kind, discrete
-    actions in range (an env may crash on, or wrap, one outside it). Else an
+    actions in range (an env may crash on, or wrap, one outside it), float actions
+    finite. Else an
     InvalidActionError naming the path; ``row_name(i)`` names row ``i`` (None:
     ``"sub-env i"``), ``rows_are`` the row count."""
     if type(space) in LEAF_TYPES:  # the per-step fast path: no ABC isinstance checks
@@ -122,6 +123,16 @@ def _check_action_leaf(
         bad = bad.any(axis=1)
         if not bad.any():
             return array
+    elif array.dtype.kind == "f" and not np.isfinite(array).all():
+        # NaN or inf, e.g. from a diverged policy: the env would step into a NaN state
+        # and its next reward, not the action, would be blamed.
+        row = int(np.flatnonzero(~np.isfinite(array.reshape(len(array), -1)).all(axis=1))[0])
+        who = f"sub-env {row}" if row_name is None else row_name(row)
+        raise InvalidActionError(
+            f"actions{path}: {who}'s action {array[row].tolist()!r} (row {row} of the "
+            "batch) is not finite; an env stepped with it goes on in a NaN state. Check "
+            "the policy that made it (its params, its outputs)."
+        )
     else:
         return array
     row = int(np.flatnonzero(bad)[0])
@@ -135,10 +146,16 @@ def _check_action_leaf(
 _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
+def _finite(batch: np.ndarray) -> bool:
+    # One sum, then the exact test only when it is not finite (a NaN or inf, or finite
+    # values whose sum overflows).
+    return bool(np.isfinite(batch.sum()) or np.isfinite(batch).all())
+
+
 def passing_batch_test(space: spaces.Space, lead: tuple[int, ...]) -> Callable[[Any], bool] | None:
     """The per-step test of the common action batch of a non-composite ``space``: a numpy
     array of shape ``lead + space.shape`` and an accepted dtype kind, its ``Discrete`` or
-    ``MultiDiscrete`` actions in range. True only where :func:`check_action_batch` would
+    ``MultiDiscrete`` actions in range, its float actions finite. True only where :func:`check_action_batch` would
     accept the batch as it is; False leaves the verdict, and the error, to it. None for
     the spaces it does not cover (composite ones, exact dtypes)."""
     if type(space) not in LEAF_TYPES:
@@ -155,8 +172,8 @@ def passing_batch_test(space: spaces.Space, lead: tuple[int, ...]) -> Callable[[
     if isinstance(space, spaces.MultiDiscrete):
         starts, stops = space.start, space.start + space.nvec
         return lambda batch: fits(batch) and bool(((batch >= starts) & (batch < stops)).all())
-    if not isinstance(space, spaces.Discrete):
-        return fits
+    if not isinstance(space, spaces.Discrete):  # floats finite (NaN and inf refused)
+        return lambda batch: fits(batch) and (batch.dtype.kind != "f" or _finite(batch))
     low, high = int(space.start), int(space.start + space.n)
 
     def in_range(batch: Any) -> bool:
