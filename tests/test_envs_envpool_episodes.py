@@ -58,7 +58,12 @@ def _episodes(rows: np.ndarray) -> list[tuple[float, int]]:
 @pytest.mark.parametrize("episodic_life", [True, False])
 @pytest.mark.parametrize(
     "mode",
-    [{}, {"keep_reset_steps": False}, {"batch_size": 1}, {"batch_size": 1, "keep_reset_steps": False}],
+    [
+        {},
+        {"keep_reset_steps": False},
+        {"batch_size": 1},
+        {"batch_size": 1, "keep_reset_steps": False},
+    ],
     ids=["sync", "same_step", "async", "async-same_step"],
 )
 def test_episodes_are_envpools_own(mlp: Callable, mode: dict, episodic_life: bool) -> None:

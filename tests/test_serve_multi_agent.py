@@ -234,3 +234,18 @@ def test_log_returns_takes_info_on_both_kinds_and_refuses_a_bad_one(tmp_path, mu
 def test_clients_refuse_a_url_without_its_scheme(client, url):
     with pytest.raises(errors.InvalidArgumentError, match=r"url=.*expected the server's http://"):
         client(url)
+
+
+@pytest.mark.parametrize("client", [PolicyClient, MultiAgentPolicyClient])
+def test_clients_check_their_arguments_and_refuse_calls_after_close(client, served):
+    _, server, token_file = served
+    with pytest.raises(errors.InvalidArgumentError, match=r"timeout_s=-1\): expected a number > 0"):
+        client(server.url, token_file=token_file, timeout_s=-1)  # httpx's own ValueError before
+    with pytest.raises(TypeError, match=r"token_file=3\): expected a file path"):
+        client(server.url, token_file=3)  # an int would be read as a file descriptor
+    with pytest.raises(TypeError, match=r"ServerConfig\(token_file=3\): expected a file path"):
+        PolicyServer(server.env, token_file=3)
+    opened = MultiAgentPolicyClient(server.url, token_file=token_file)  # (one _call for both)
+    opened.close()
+    with pytest.raises(errors.ClosedError, match="called after close"):
+        opened.start_episode()  # httpx's own RuntimeError before

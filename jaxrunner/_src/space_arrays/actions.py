@@ -155,9 +155,10 @@ def _finite(batch: np.ndarray) -> bool:
 def passing_batch_test(space: spaces.Space, lead: tuple[int, ...]) -> Callable[[Any], bool] | None:
     """The per-step test of the common action batch of a non-composite ``space``: a numpy
     array of shape ``lead + space.shape`` and an accepted dtype kind, its ``Discrete`` or
-    ``MultiDiscrete`` actions in range, its float actions finite. True only where :func:`check_action_batch` would
-    accept the batch as it is; False leaves the verdict, and the error, to it. None for
-    the spaces it does not cover (composite ones, exact dtypes)."""
+    ``MultiDiscrete`` actions in range, its float actions finite. True only where
+    :func:`check_action_batch` would accept the batch as it is; False leaves the verdict,
+    and the error, to it. None for the spaces it does not cover (composite ones, exact
+    dtypes)."""
     if type(space) not in LEAF_TYPES:
         return None
     shape, dtype = leaf_spec(space)

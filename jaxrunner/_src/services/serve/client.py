@@ -14,7 +14,7 @@ from gymnasium import spaces
 
 import jaxrunner._src.services.external.checks as checks
 import jaxrunner.errors as errors
-from jaxrunner._src.arg_checks import check_int
+from jaxrunner._src.arg_checks import check_int, check_number, check_path
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.services.external import ExternalEnvConfig
 from jaxrunner._src.services.serve import wire
@@ -44,6 +44,9 @@ class _Client:
         max_answer_bytes: int,
     ) -> None:
         check_int(type(self).__name__, "max_answer_bytes", max_answer_bytes)
+        check_number(type(self).__name__, "timeout_s", timeout_s, low_open=True, hint="seconds")
+        if token_file is not None:
+            check_path(type(self).__name__, "token_file", token_file)
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise errors.InvalidArgumentError(
                 f"{type(self).__name__}(url={url!r}): expected the server's http:// or "
@@ -85,6 +88,10 @@ class _Client:
     def _call(
         self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
     ) -> Any:
+        if self._http.is_closed:
+            raise errors.ClosedError(
+                f"{type(self).__name__}: called after close(); create a new client."
+            )
         return request_json(
             self._http, method, path, body, params=params, max_bytes=self.max_answer_bytes
         )

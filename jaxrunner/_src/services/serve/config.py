@@ -6,7 +6,7 @@ import dataclasses
 import ipaddress
 import os
 
-from jaxrunner._src.arg_checks import check_int, check_number
+from jaxrunner._src.arg_checks import check_int, check_number, check_path
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -67,6 +67,8 @@ class ServerConfig:
         )  # fmt: skip
         for name in ("read_timeout_s", "keep_alive_s", "write_timeout_s"):
             check_number("ServerConfig", name, getattr(self, name), low_open=True, hint="seconds")
+        if self.token_file is not None:
+            check_path("ServerConfig", "token_file", self.token_file)
         if self.token is not None and (not isinstance(self.token, str) or len(self.token) < 16):
             raise InvalidArgumentError(
                 "ServerConfig(token=...): expected a string of at least 16 characters."
