@@ -14,6 +14,7 @@ import pytest
 from conftest import ActorCritic, short_cartpole
 
 import jaxrunner as jr
+from jaxrunner._src.core.policy import _has_nan
 from jaxrunner.errors import (
     ClosedError,
     InvalidArgumentError,
@@ -269,6 +270,9 @@ def test_params_with_nan_are_refused_by_name_and_the_runner_keeps_its_own(cartpo
         runner.set_params(shifted)
     inf = treedef.unflatten([jnp.full_like(leaves[0], jnp.inf), *leaves[1:]])
     runner.set_params(inf)  # an infinity may be meant (a mask); NaN never is
+    # Off a CPU host (untested here) one compiled call flags each leaf:
+    flags = _has_nan([leaves[0].at[1].set(jnp.nan), leaves[1], jnp.full(3, jnp.inf)])
+    assert np.asarray(flags).tolist() == [True, False, False]
     envs = jr.make_vec("CartPole-v1", 2)
     with envs:
         with pytest.raises(InvalidArgumentError, match=r"EnvRunner\(params\), policy"):

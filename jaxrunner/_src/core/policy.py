@@ -379,8 +379,12 @@ def put_params(new: Params, what: str, like: Params | None = None) -> Params:
         for path, x in jax.tree_util.tree_leaves_with_path(device)
         if jnp.issubdtype(x.dtype, jnp.inexact)
     ]
-    with jax.transfer_guard_device_to_host("allow"):  # one flag per leaf, read once
-        nan = np.asarray(_has_nan([x for _, x in floats])) if floats else ()
+    leaves = [x for _, x in floats]
+    with jax.transfer_guard_device_to_host("allow"):
+        if all(d.platform == "cpu" for x in leaves for d in x.devices()):
+            nan = [np.isnan(np.asarray(x)).any() for x in leaves]  # views: nothing compiles
+        else:  # one flag per leaf, one read: the params stay where they are
+            nan = np.asarray(_has_nan(leaves)) if leaves else []
     where = [
         jax.tree_util.keystr(path) or "the array" for (path, _), bad in zip(floats, nan) if bad
     ]
