@@ -1,9 +1,11 @@
 """Checks of action batches against their space, before any sub-env steps: the policy's
 action spec, each batch a backend is sent (shape, dtype kind, ``Discrete`` and
-``MultiDiscrete`` ranges), and the inline test of the common batch on the per-step path."""
+``MultiDiscrete`` ranges, finite floats), and the inline test of the common batch on the
+per-step path."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -146,12 +148,6 @@ def _check_action_leaf(
 _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
-def _finite(batch: np.ndarray) -> bool:
-    # One sum, then the exact test only when it is not finite (a NaN or inf, or finite
-    # values whose sum overflows).
-    return bool(np.isfinite(batch.sum()) or np.isfinite(batch).all())
-
-
 def passing_batch_test(space: spaces.Space, lead: tuple[int, ...]) -> Callable[[Any], bool] | None:
     """The per-step test of the common action batch of a non-composite ``space``: a numpy
     array of shape ``lead + space.shape`` and an accepted dtype kind, its ``Discrete`` or
@@ -173,8 +169,18 @@ def passing_batch_test(space: spaces.Space, lead: tuple[int, ...]) -> Callable[[
     if isinstance(space, spaces.MultiDiscrete):
         starts, stops = space.start, space.start + space.nvec
         return lambda batch: fits(batch) and bool(((batch >= starts) & (batch < stops)).all())
-    if not isinstance(space, spaces.Discrete):  # floats finite (NaN and inf refused)
-        return lambda batch: fits(batch) and (batch.dtype.kind != "f" or _finite(batch))
+    if kinds == "f":  # a float Box: finite too (NaN and inf refused)
+
+        def finite(batch: Any) -> bool:
+            # fits(batch), inline; then one sum, the exact test only when it is not finite
+            # (a NaN or inf, or finite values whose sum overflows)
+            if not (type(batch) is np.ndarray and batch.shape == full and batch.dtype.kind == "f"):
+                return False
+            return math.isfinite(batch.sum()) or bool(np.isfinite(batch).all())
+
+        return finite
+    if not isinstance(space, spaces.Discrete):
+        return fits
     low, high = int(space.start), int(space.start + space.n)
 
     def in_range(batch: Any) -> bool:
