@@ -797,6 +797,22 @@ def test_multi_agent_group_restarts_a_runner_with_the_policies_set_params_left_o
     assert version == 1
 
 
+@pytest.mark.parametrize(
+    "options, error, match",
+    [
+        ({"backend": "nope"}, ValueError, r"backend='nope'\): expected one of"),
+        ({"env_options": 3}, TypeError, r"env_options=3\): expected a dict"),
+        ({"runner_options": ["metrics"]}, TypeError, r"runner_options=.*expected a dict"),
+        ({"runner_options": {"nope": 1}}, ValueError, r"EnvRunner takes no \['nope'\]"),
+        ({"policy_mapping_fn": "p"}, TypeError, r"policy_mapping_fn=...\): expected a function"),
+    ],
+)
+def test_group_config_refuses_what_each_runner_would_refuse_later(options, error, match):
+    # Refused where the config is built, not in every runner's process once Ray started it.
+    with pytest.raises(error, match=match):
+        jr.EnvRunnerGroupConfig(**options)
+
+
 def test_group_config_multi_agent_flag_is_deprecated_and_a_mapping_needs_a_multi_agent_env():
     with pytest.warns(DeprecationWarning, match="learns the kind"):
         config = jr.EnvRunnerGroupConfig(multi_agent=True, num_runners=1, num_envs_per_runner=1)

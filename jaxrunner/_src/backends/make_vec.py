@@ -115,8 +115,6 @@ def make_vec(
     """
     check_int("make_vec", "num_envs", num_envs)
     check_int("make_vec", "seed", seed, low=0, none="for no reset")
-    if backend not in BACKENDS:
-        raise InvalidArgumentError(f"make_vec(backend={backend!r}): expected one of {BACKENDS}.")
     check_vec_options(backend, config, restart_policy)
     choice = None
     if backend not in FACTORY_BACKENDS:
@@ -296,8 +294,10 @@ def choose_auto_layout(
 def check_vec_options(
     backend: str, config: Any, restart_policy: RestartPolicy | None, what: str = "make_vec"
 ) -> None:
-    """Raises unless ``config`` and ``restart_policy`` suit ``backend`` (as in
-    :func:`make_vec`; ``what`` names the caller in errors)."""
+    """Raises unless ``backend`` is one and ``config`` and ``restart_policy`` suit it (as
+    in :func:`make_vec`; ``what`` names the caller in errors)."""
+    if backend not in BACKENDS:
+        raise InvalidArgumentError(f"{what}(backend={backend!r}): expected one of {BACKENDS}.")
     check_restart_policy(what, restart_policy)
     expected = BACKEND_CONFIGS.get(backend)
     if backend == "auto" and config is not None:

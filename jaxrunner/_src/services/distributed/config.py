@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -15,11 +16,18 @@ from jaxrunner._src.backends.process import ProcessConfig
 from jaxrunner._src.backends.ray import RayConfig
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.core.policy import Policy
+from jaxrunner._src.runner.env_runner import EnvRunner
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 EPISODE_ID_BITS = 40
 """Low bits of a group episode id that hold the runner-local id."""
 
 PolicyFactory = Callable[[gymnasium.Space], Policy]
+
+_RUNNER_OPTIONS = frozenset(inspect.signature(EnvRunner).parameters) - {
+    "envs", "policy", "params", "rollout_length", "seed",
+}  # fmt: skip
+"""The EnvRunner arguments ``runner_options`` may set (the group sets the others)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -68,7 +76,8 @@ class EnvRunnerGroupConfig:
     """Runner restarts the group allows in all, before it gives up and raises."""
 
     def __post_init__(self) -> None:
-        check_vec_options(self.backend, self.vec_config, self.restart_policy)
+        where = "EnvRunnerGroupConfig"
+        check_vec_options(self.backend, self.vec_config, self.restart_policy, where)
         if self.multi_agent is not None:
             warnings.warn(
                 "EnvRunnerGroupConfig(multi_agent=...) is deprecated and ignored: each runner "
@@ -77,7 +86,23 @@ class EnvRunnerGroupConfig:
                 DeprecationWarning,
                 stacklevel=3,
             )
-        where = "EnvRunnerGroupConfig"
+        for name in ("env_options", "runner_options"):
+            if not isinstance(getattr(self, name), Mapping):
+                raise InvalidArgumentTypeError(
+                    f"{where}({name}={getattr(self, name)!r:.80}): expected a dict of keyword "
+                    f"arguments (for {'make_vec' if name == 'env_options' else 'EnvRunner'})."
+                )
+        unknown = sorted(set(self.runner_options) - _RUNNER_OPTIONS)
+        if unknown:  # refused here, not in each runner's process after Ray started it
+            raise InvalidArgumentError(
+                f"{where}(runner_options=...): EnvRunner takes no {unknown}; it takes "
+                f"{sorted(_RUNNER_OPTIONS)}."
+            )
+        if self.policy_mapping_fn is not None and not callable(self.policy_mapping_fn):
+            raise InvalidArgumentTypeError(
+                f"{where}(policy_mapping_fn=...): expected a function agent_id -> policy_id, "
+                f"got {type(self.policy_mapping_fn).__name__}."
+            )
         for name in ("num_runners", "num_envs_per_runner", "rollout_length"):
             check_int(where, name, getattr(self, name))
         for name in ("seed", "max_restarts"):
