@@ -137,6 +137,27 @@ def test_a_raising_agent_episode_hook_keeps_the_sample_and_fails_the_runner():
             runner.sample()
 
 
+def test_a_hook_that_cannot_take_its_arguments_is_refused_when_the_runner_is_built():
+    class NoEnvIndex(jr.Callbacks):
+        def on_episode_end(self, runner, episode) -> None:  # (runner, env_index, episode)
+            pass
+
+    class NoEpisode(jr.multi_agent.AgentCallbacks):
+        def on_agent_episode_end(self, runner) -> None:
+            pass
+
+    class Flexible(jr.multi_agent.AgentCallbacks):
+        def on_episode_step(self, *args, **kwargs) -> None:
+            pass
+
+    for callbacks, hook in ((NoEnvIndex(), r"on_episode_end\(runner, env_index, episode\)"),
+                            (NoEpisode(), r"on_agent_episode_end\(runner, episode\)")):  # fmt: skip
+        with pytest.raises(TypeError, match=rf"{type(callbacks).__name__}\..* as {hook}"):
+            make_runner("sync", callbacks)  # not at the first episode's end, mid-sample
+    with make_runner("sync", Flexible()) as runner:
+        runner.sample()
+
+
 def test_a_callback_may_set_params_while_the_runner_samples():
     class SetsParams(jr.Callbacks):
         def on_episode_end(self, runner, env_index, episode) -> None:

@@ -3,6 +3,7 @@ env: each refusal names the argument and the fix."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -71,7 +72,25 @@ def check_arguments(
             f"EnvRunner(callbacks=...): {kind.name} takes a {what} subclass instance, got "
             f"{type(callbacks).__name__}. Subclass {what} and override its hooks."
         )
+    if callbacks is not None:
+        _check_hook_signatures(callbacks)
     return policies, by_id
+
+
+def _check_hook_signatures(callbacks: Any) -> None:
+    """Refuses an overridden hook that cannot take the arguments the sampler passes:
+    found here, not at the first episode's end, where the sample would fail."""
+    for hook in (*STEP_HOOKS, "on_agent_episode_end"):
+        if not hasattr(callbacks, hook) or not overrides(callbacks, hook):
+            continue
+        names = list(inspect.signature(getattr(AgentCallbacks, hook)).parameters)[1:]  # no self
+        try:
+            inspect.signature(getattr(callbacks, hook)).bind(*names)
+        except TypeError as err:
+            raise InvalidArgumentTypeError(
+                f"EnvRunner(callbacks=...): {type(callbacks).__name__}.{hook} cannot be called "
+                f"as {hook}({', '.join(names)}) ({err}); the sampler calls it so."
+            ) from None
 
 
 def _per_policy(value: Any, ids: tuple[str, ...], by_id: bool) -> dict[str, Policy]:
