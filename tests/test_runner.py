@@ -241,6 +241,30 @@ def test_params_of_another_observation_size_are_named_when_the_runner_is_built()
         jr.EnvRunner(envs, policy, other, 4, 0)
 
 
+def test_a_policy_whose_outputs_or_code_are_wrong_is_named_not_its_params():
+    def n(obs):
+        return obs.shape[0]
+
+    def two(params, obs, carry, keys):  # no carry
+        return jnp.zeros(n(obs), jnp.int32), {}
+
+    def array_extras(params, obs, carry, keys):
+        return jnp.zeros(n(obs), jnp.int32), jnp.zeros(n(obs)), carry
+
+    def branches(params, obs, carry, keys):  # Python control flow on a traced array
+        return jnp.zeros(n(obs), jnp.int32) if obs.sum() > 0 else None, {}, carry
+
+    cases = [
+        (two, TypeError, r"return \(action, extras, carry\).*got a tuple of 2"),
+        (array_extras, TypeError, r"extras a dict .* got extras that are an array"),
+        (branches, jax.errors.TracerBoolConversionError, "boolean conversion"),
+    ]
+    for apply_fn, error, match in cases:
+        with jr.make_vec("CartPole-v1", 2) as envs, pytest.raises(error, match=match) as caught:
+            jr.EnvRunner(envs, jr.Policy(apply_fn), {}, 4, 0)
+        assert "could not be applied to these params" not in str(caught.value)
+
+
 def test_set_params_rejects_other_shapes(cartpole_runner):
     runner = cartpole_runner()
     params = runner.get_params()

@@ -245,7 +245,9 @@ def params_error(
     params are to blame; None to raise ``err`` itself."""
     # Tracing the policy with params of the wrong structure fails deep in its code.
     wrong_params = isinstance(err, KeyError | TypeError | AttributeError | flax.errors.FlaxError)
-    if not wrong_params or isinstance(err, InvalidArgumentTypeError):
+    # A tracer turned into a bool or an int is the policy's own code (Python control flow
+    # on an array), whatever the params: JAX's error says so.
+    if not wrong_params or isinstance(err, InvalidArgumentTypeError | jax.errors.JAXTypeError):
         return None
     try:  # each group's policy traced abstractly on one row of its params
         for g in groups:

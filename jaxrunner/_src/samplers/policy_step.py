@@ -4,7 +4,7 @@ extras out, one transfer each way. See docs/design.md."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, cast
 
 import flax.struct
@@ -20,6 +20,7 @@ from jaxrunner._src.core.policy import ApplyFn, Params, Policy
 from jaxrunner._src.samplers.batch_invariance import chunked_apply, padded_rows
 from jaxrunner._src.samplers.kept_programs import avals, jax_settings, kept_for, packing_layout
 from jaxrunner._src.samplers.transfer import compile_packed
+from jaxrunner.errors import InvalidArgumentTypeError
 
 # Transfer guard levels under which a transfer needs no "allow" scope (None: unset, allows),
 # and the guards' options (.value: the level in force in this thread).
@@ -116,7 +117,7 @@ def act(
     carry = jax.tree.map(restart, state.carry, state.initial_carry)
     env_keys = keys.wrap(state.env_keys)
     step_keys = jax.vmap(jax.random.fold_in)(env_keys, state.env_steps)
-    action, extras, carry = apply_fn(params, obs, carry, step_keys)
+    action, extras, carry = apply_output(apply_fn(params, obs, carry, step_keys))
     env_action = action
     if connectors is not None:
         if connectors.obs:
@@ -131,6 +132,21 @@ def act(
         conn = keep_active(conn, state.connectors, active)
     new_state = state.replace(carry=carry, env_steps=env_steps, connectors=conn)
     return action, env_action, extras, new_state
+
+
+def apply_output(out: Any) -> tuple[Any, dict[str, Any], Any]:
+    """A policy's ``apply_fn`` output, checked while it is traced: ``(action, extras,
+    carry)`` with ``extras`` a dict."""
+    if not (isinstance(out, tuple) and len(out) == 3 and isinstance(out[1], Mapping)):
+        got = f"a tuple of {len(out)}" if isinstance(out, tuple) else f"a {type(out).__name__}"
+        if isinstance(out, tuple) and len(out) == 3:
+            kind = "an array" if hasattr(out[1], "shape") else f"a {type(out[1]).__name__}"
+            got = f"extras that are {kind}"
+        raise InvalidArgumentTypeError(
+            f"policy apply_fn: expected it to return (action, extras, carry), extras a dict "
+            f"of [B, ...] arrays ({{}} for none, e.g. {{'log_prob': ...}}); got {got}."
+        )
+    return out
 
 
 def _rows_mask(flags: jax.Array, like: jax.Array) -> jax.Array:
