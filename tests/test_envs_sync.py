@@ -694,6 +694,25 @@ def test_env_ids_slices_are_taken_as_python_slices(kind: str) -> None:
         assert out.env_ids in (None, slice(0, 3))
 
 
+class NoSpaces(gymnasium.Env):
+    """Steps, but never set its spaces."""
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(3), {}
+
+    def step(self, action):
+        return np.zeros(3), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("backend", ["sync", "process"])
+def test_a_sub_env_without_spaces_is_named(backend: str) -> None:
+    fns = [functools.partial(CountingEnv, 0), NoSpaces]
+    with pytest.raises(
+        SpaceMismatchError, match=r"sub-env 1 \(NoSpaces\) has no observation_space"
+    ):
+        jr.make_vec(fns, 2, backend=backend)  # AttributeError, from inside the backend, before
+
+
 @pytest.mark.parametrize("backend", ["sync", "process"])
 @pytest.mark.parametrize("kind", HOST_KINDS)
 def test_reset_batch_refuses_a_seed_count_other_than_num_envs(kind: str, backend: str) -> None:

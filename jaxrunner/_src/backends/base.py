@@ -52,6 +52,25 @@ def normalize_seeds(seed: int | Sequence[int | None] | None, num_envs: int) -> l
     return seeds
 
 
+def env_spaces(envs: Sequence[Any], offset: int = 0) -> list[tuple[Any, Any]]:
+    """Each sub-env's ``(observation_space, action_space)``; sub-env ``offset + i`` is
+    named where it lacks one."""
+    try:
+        return [(env.observation_space, env.action_space) for env in envs]
+    except AttributeError:
+        i, name = next(
+            (i, name)
+            for i, env in enumerate(envs)
+            for name in ("observation_space", "action_space")
+            if not hasattr(env, name)
+        )
+        raise SpaceMismatchError(
+            f"sub-env {offset + i} ({type(envs[i]).__name__}) has no {name}; a gymnasium.Env "
+            "sets self.observation_space and self.action_space (in its __init__, or as class "
+            "attributes)."
+        ) from None
+
+
 def check_equal_spaces(pairs: Sequence[tuple[gymnasium.Space, gymnasium.Space]]) -> None:
     """Raises unless every sub-env's ``(observation_space, action_space)`` equals sub-env
     0's, and those are spaces jaxrunner supports."""

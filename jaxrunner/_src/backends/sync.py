@@ -13,7 +13,12 @@ import gymnasium
 from jaxrunner._src import space_arrays
 from jaxrunner._src.arg_checks import check_seed_count
 from jaxrunner._src.backends.agent_block import AgentBlock, env_groups
-from jaxrunner._src.backends.base import MultiAgentVectorEnv, VectorEnv, check_equal_spaces
+from jaxrunner._src.backends.base import (
+    MultiAgentVectorEnv,
+    VectorEnv,
+    check_equal_spaces,
+    env_spaces,
+)
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.gymnasium_block import ActionSplitters, GymnasiumBlock
 from jaxrunner._src.backends.in_process import BlockForwarding, InProcessSends
@@ -58,7 +63,7 @@ class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
         self.env_fns = list(env_fns)
         with closing_on_error(self.envs):
             self.num_envs, first = len(self.envs), self.envs[0]
-            check_equal_spaces([(env.observation_space, env.action_space) for env in self.envs])
+            check_equal_spaces(env_spaces(self.envs))
             self._take_spaces(
                 first.observation_space, first.action_space, first.metadata, first.render_mode
             )

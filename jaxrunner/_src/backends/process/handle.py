@@ -208,7 +208,7 @@ class MainProcessHandle:
         self.worker = MainProcessWorker(fns)
         try:  # built now, reported as a worker process reports
             self.worker.envs = build_envs(self.worker.fns, 0)
-            report = pickle.dumps(describe(self.worker.envs))
+            report = pickle.dumps(describe(self.worker.envs, 0))
             self.worker.reply(protocol.START_REPORT_SEQ, protocol.STATUS_OK, report)
         except Exception as err:
             self.worker.error(protocol.START_REPORT_SEQ, err)

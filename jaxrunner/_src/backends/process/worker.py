@@ -15,6 +15,7 @@ from typing import Any
 
 import gymnasium
 
+from jaxrunner._src.backends.base import env_spaces
 from jaxrunner._src.backends.env_api import is_multi_agent_env
 from jaxrunner._src.backends.process.launch import available_cpus
 from jaxrunner._src.backends.process.protocol import (
@@ -72,7 +73,7 @@ class Worker:
         built = len(self.envs)
         envs = build_envs(fns[built:], self.offset + built)
         self.fns, self.envs = fns, self.envs + envs
-        return describe(envs)
+        return describe(envs, self.offset + built)
 
     def step(self, lo: int, hi: int) -> StepReply | None:
         """Steps envs ``[lo, hi)`` with the shared loop, as the sync backend does;
@@ -162,9 +163,9 @@ class Worker:
         return socket.recv_fds(self.sock, 1, 1)[1][0]
 
 
-def describe(envs: list[Any]) -> dict[str, Any]:
-    """A worker's start report: its sub-envs' metadata, and their spaces (gymnasium) or
-    agents (PettingZoo)."""
+def describe(envs: list[Any], offset: int) -> dict[str, Any]:
+    """A worker's start report: its sub-envs' (from ``offset`` on) metadata, and their
+    spaces (gymnasium) or agents (PettingZoo)."""
     first = envs[0]
     report = {
         "metadata": getattr(first, "metadata", {}),
@@ -175,7 +176,7 @@ def describe(envs: list[Any]) -> dict[str, Any]:
 
         report["agents"] = [describe_agents(env) for env in envs]
     else:
-        report["spaces"] = [(env.observation_space, env.action_space) for env in envs]
+        report["spaces"] = env_spaces(envs, offset)
     return report
 
 
@@ -185,7 +186,7 @@ def worker_main(sock: socket.socket, offset: int, payload: bytes) -> None:
     try:
         worker.fns = pickle.loads(payload)
         worker.envs = build_envs(worker.fns, offset)
-        worker.reply(START_REPORT_SEQ, STATUS_OK, pickle.dumps(describe(worker.envs)))
+        worker.reply(START_REPORT_SEQ, STATUS_OK, pickle.dumps(describe(worker.envs, offset)))
     except BaseException as err:
         worker.error(START_REPORT_SEQ, err)
         sock.close()

@@ -11,7 +11,7 @@ import numpy as np
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.agent_block import AgentBlock, env_groups
-from jaxrunner._src.backends.base import check_equal_spaces
+from jaxrunner._src.backends.base import check_equal_spaces, env_spaces
 from jaxrunner._src.backends.gymnasium_block import ActionSplitters, GymnasiumBlock
 from jaxrunner._src.backends.ray.progress import SharedMarks, attach
 from jaxrunner._src.backends.restarts import RestartPolicy, closing_on_error
@@ -70,7 +70,7 @@ class EnvWorker(ActorBody):
     ) -> None:
         envs = build_envs(env_fns, offset)
         with closing_on_error(envs):
-            check_equal_spaces([(env.observation_space, env.action_space) for env in envs])
+            check_equal_spaces(env_spaces(envs, offset))
         first = envs[0]
         self.space, self.rows = first.observation_space, slice(offset, offset + len(envs))
         self._described = (self.space, first.action_space, first.metadata, first.render_mode)
