@@ -24,6 +24,7 @@ from jaxrunner._src.backends.steps import StepBuffers
 from jaxrunner._src.backends.sync import SyncMultiAgentVectorEnv
 from jaxrunner.errors import (
     EnvError,
+    EnvIndexError,
     InvalidActionError,
     InvalidArgumentError,
     InvalidStepError,
@@ -692,6 +693,28 @@ def test_env_ids_slices_are_taken_as_python_slices(kind: str) -> None:
         assert vec.step_batch(zero_actions(vec, 2), slice(-2, None)).env_ids == slice(1, 3)
         out = vec.step_batch(zero_actions(vec, 3), slice(None))
         assert out.env_ids in (None, slice(0, 3))
+
+
+@pytest.mark.parametrize("backend", ["sync", "process"])
+@pytest.mark.parametrize("kind", HOST_KINDS)
+def test_reset_at_and_reset_refuse_bad_arguments_before_any_sub_env_resets(kind, backend):
+    with closing(make_kind(kind, 3, backend, seed=SEED)) as vec:
+        episodes = vec.get_attr("episode")
+        for index in (3, -1, "a"):
+            with pytest.raises(EnvIndexError, match=rf"reset_at\(index={index!r}\): index must"):
+                vec.reset_at(index)
+        for seed in (-1, 1.5, True):
+            with pytest.raises(
+                InvalidArgumentError, match=r"reset_at\(seed=.*expected an int >= 0"
+            ):
+                vec.reset_at(0, seed=seed)  # gymnasium's own refusal, inside sub-env 0, before
+        calls = [lambda: vec.reset_at(0, options=3)]
+        if isinstance(vec, jr.VectorEnv):  # a multi-agent vector env's reset is reset_batch
+            calls.append(lambda: vec.reset(options=3))
+        for call in calls:
+            with pytest.raises(TypeError, match=r"\(options=3\): expected a dict, or None"):
+                call()
+        assert vec.get_attr("episode") == episodes  # no sub-env was reset
 
 
 class NoSpaces(gymnasium.Env):

@@ -6,7 +6,7 @@ and ``recv()``, SAME_STEP autoreset, declared capabilities. See docs/concepts.md
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import gymnasium
@@ -69,6 +69,14 @@ def env_spaces(envs: Sequence[Any], offset: int = 0) -> list[tuple[Any, Any]]:
             "sets self.observation_space and self.action_space (in its __init__, or as class "
             "attributes)."
         ) from None
+
+
+def check_options(where: str, options: Any) -> None:
+    """Refuses reset ``options`` that are not a dict (or None)."""
+    if options is not None and not isinstance(options, Mapping):
+        raise InvalidArgumentTypeError(
+            refusal(where, "options", options, "a dict, or None", None, "", False)
+        )
 
 
 def check_equal_spaces(pairs: Sequence[tuple[gymnasium.Space, gymnasium.Space]]) -> None:
@@ -219,9 +227,15 @@ class BaseVectorEnv(abc.ABC):
                 f"({self._closed_reason}). Create a new one with jaxrunner.make_vec()."
             )
 
-    def _check_index(self, index: Any, what: str = "reset_at") -> None:
+    def _check_reset_at(self, index: Any, seed: Any, options: Any) -> None:
+        """``reset_at``'s arguments: ``index`` in range, ``seed`` an int >= 0 or None,
+        ``options`` a dict or None."""
         if not is_int(index, 0, self.num_envs - 1):
-            raise EnvIndexError(f"{what}(index={index!r}): index must be in [0, {self.num_envs}).")
+            raise EnvIndexError(
+                f"reset_at(index={index!r}): index must be in [0, {self.num_envs})."
+            )
+        check_int("reset_at", "seed", seed, low=0, none="for no new seed")
+        check_options("reset_at", options)
 
     def _values_per_env(self, name: str, values: Any) -> list[Any]:
         """``set_attr``'s values: one per sub-env, or one value for all."""
@@ -299,6 +313,7 @@ class VectorEnv(GroupedAgents, BaseVectorEnv, gymnasium.vector.VectorEnv):
         """gymnasium ``reset``: sub-env ``i`` is seeded with ``seed + i``. As in
         gymnasium, ``options["reset_mask"]`` (a bool array) resets only those envs."""
         seeds = normalize_seeds(seed, self.num_envs)
+        check_options("reset", options)
         if seed is not None:
             self.reset_seed = int(seed) if isinstance(seed, (int, np.integer)) else None
         options = dict(options) if options else None

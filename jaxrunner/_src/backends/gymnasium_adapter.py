@@ -136,7 +136,7 @@ class GymnasiumVectorEnv(InProcessSends, GymnasiumSubEnvs, WrappedOutputs, Vecto
         self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         self._check_open("reset_at")
-        self._check_index(index, "reset_at")
+        self._check_reset_at(index, seed, options)
         if self._masked_reset is None:
             raise InvalidArgumentError(
                 f"reset_at({index}): {type(self.env.unwrapped).__name__} has no known way to "

@@ -88,7 +88,7 @@ class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
         self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         self._check_open("reset_at")
-        self._check_index(index, "reset_at")
+        self._check_reset_at(index, seed, options)
         info = self._block.reset_or_restart(index, seed, options)
         return space_arrays.take(self.single_observation_space, self._obs, index), info
 
@@ -180,7 +180,7 @@ class SyncMultiAgentVectorEnv(BlockForwarding, InProcessSends, MultiAgentVectorE
         self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         self._check_open("reset_at")
-        self._check_index(index)
+        self._check_reset_at(index, seed, options)
         return self._block.reset_or_restart(index, seed, options)
 
     _state_keys = frozenset({"driver"})

@@ -145,7 +145,7 @@ class ProcessBackend(RemoteSubEnvs):
         self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> Any:
         self._check_open("reset_at")
-        self._check_index(index, "reset_at")
+        self._check_reset_at(index, seed, options)
         if any(call.overlaps(index, index + 1) for call in self._stepper.calls):
             # Its worker steps it first: the reset would overwrite the step's observation.
             raise InvalidArgumentError(

@@ -147,7 +147,7 @@ class ActorStepping(RemoteSubEnvs):
     ) -> Any:
         self._check_open("reset_at")
         self._check_idle("reset_at")
-        self._check_index(index)
+        self._check_reset_at(index, seed, options)
         u = index // self.config.envs_per_actor
         unit = self.unit_rows[u]
         try:
