@@ -288,6 +288,10 @@ def test_params_with_nan_are_refused_by_name_and_the_runner_keeps_its_own(cartpo
     with pytest.raises(InvalidArgumentError, match=r"hold NaN in .*" + re.escape(path)):
         runner.set_params(bad)
     assert runner.get_params() is params  # nothing changed: it samples on as before
+    all_nan = jax.tree.map(lambda x: x * jnp.nan, params)
+    count = len(leaves) - 3
+    with pytest.raises(InvalidArgumentError, match=rf"\(and {count} more leaves\); refused"):
+        runner.set_params(all_nan)  # the first three named
     assert runner.sample().obs.shape == first.obs.shape
     shifted = jax.tree.map(lambda x: x + 1, params)
     with jax.transfer_guard("disallow"):  # the check reads its flags back by name

@@ -390,9 +390,10 @@ def put_params(new: Params, what: str, like: Params | None = None) -> Params:
     ]
     if where:  # a policy would sample from them silently (NaN logits: action 0)
         raise InvalidArgumentError(
-            f"{what}: the params hold NaN in {', '.join(where)}; refused, nothing changed. "
-            "Pass finite params (jax.config.update('jax_debug_nans', True) finds the "
-            "update that made the NaN)."
+            f"{what}: the params hold NaN in {', '.join(where[:3])}"
+            f"{f' (and {len(where) - 3} more leaves)' if len(where) > 3 else ''}; refused, "
+            "nothing changed. Pass finite params (jax.config.update('jax_debug_nans', True) "
+            "finds the update that made the NaN)."
         )
     return device
 
