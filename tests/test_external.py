@@ -166,6 +166,14 @@ def test_set_params_applies_to_next_batch_and_never_retraces():
             env.set_params({"a": jnp.zeros(2)})
 
 
+def test_a_policy_that_returns_no_carry_is_named_when_the_env_is_built():
+    def two(params, obs, carry, keys):
+        return jnp.zeros(obs.shape[0], jnp.int32), {}
+
+    with pytest.raises(TypeError, match=r"return \(action, extras, carry\).*got a tuple of 2"):
+        jr.ExternalEnv(OBS_SPACE, ACTION_SPACE, jr.Policy(two), {})
+
+
 def test_params_with_nan_are_refused_and_the_env_keeps_its_own():
     policy = ConstantPolicy.make()
     nan = {"a": jnp.int32(0), "w": jnp.float32(jnp.nan)}  # "w": a leaf the policy ignores

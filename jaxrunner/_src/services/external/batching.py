@@ -21,6 +21,7 @@ import jaxrunner._src.samplers.keys as keys
 from jaxrunner._src import space_arrays
 from jaxrunner._src.core.policy import Params, Policy, put_params
 from jaxrunner._src.samplers.batch_invariance import chunked_apply, policy_chunk_rows
+from jaxrunner._src.samplers.policy_step import apply_output
 from jaxrunner._src.samplers.ready_first import default_buckets
 from jaxrunner._src.samplers.transfer import Packing, compile_packed
 from jaxrunner.errors import ClosedError
@@ -291,7 +292,7 @@ class PolicyBatcher:
                 return jax.random.fold_in(jax.random.fold_in(key, lo), t)
 
             row_keys = jax.vmap(key_of)(id_hi, id_lo, steps)
-            action, extras, new_carry = apply(params, obs, carry, row_keys, count)
+            action, extras, new_carry = apply_output(apply(params, obs, carry, row_keys, count))
 
             def choose(sampled: jax.Array, taken: jax.Array) -> jax.Array:
                 mask = logged.reshape(-1, *([1] * (sampled.ndim - 1)))

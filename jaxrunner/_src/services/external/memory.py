@@ -13,6 +13,7 @@ from gymnasium import spaces
 
 from jaxrunner._src.core.episode import EpisodeSpan
 from jaxrunner._src.core.policy import Params, Policy, one_row_args
+from jaxrunner._src.samplers.policy_step import apply_output
 from jaxrunner.errors import MemoryLimitError
 
 # Object overheads beside the arrays, measured with tracemalloc (CPython 3.11, 64-bit).
@@ -55,7 +56,8 @@ def estimate_step_nbytes(
 ) -> int:
     """What one step of ``policy`` costs before any was recorded, its extras traced
     abstractly (nothing compiled)."""
-    _, extras, _ = jax.eval_shape(policy.apply_fn, *one_row_args(policy, params, observation_space))
+    args = one_row_args(policy, params, observation_space)
+    _, extras, _ = apply_output(jax.eval_shape(policy.apply_fn, *args))
     row_extras = {k: np.zeros(v.shape[1:], v.dtype) for k, v in dict(extras).items()}
     return step_nbytes(observation_space.sample(), action_space.sample(), row_extras)
 
