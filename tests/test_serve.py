@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import signal
 import socket
 import subprocess
@@ -478,6 +479,22 @@ def test_cli_serve_end_to_end(tmp_path):
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(30)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--port", "-1"], r"ServerConfig\(port=-1\): expected an int in \[0, 65535\]"),
+        (["--env", "NoSuch-v0"], r"Environment `NoSuch` doesn't exist"),
+        (["--max-batch", "0"], r"ExternalEnvConfig\(max_batch=0\): expected an int >= 1"),
+    ],
+)
+def test_cli_serve_names_a_bad_flag_in_one_line(flags, message, capsys):
+    from jaxrunner._src import cli
+
+    assert cli.main(["serve", *flags]) == 2  # a traceback before, nothing served
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"jaxrunner serve: .*{message}.*\n", err), err
 
 
 def test_constant_policy_params_reach_remote_clients(served):

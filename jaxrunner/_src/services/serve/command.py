@@ -9,6 +9,8 @@ import json
 import sys
 from typing import Any
 
+from jaxrunner.errors import JaxRunnerError
+
 
 def add_serve_command(commands: Any) -> None:
     """Adds the ``serve`` subcommand to the CLI's subparsers."""
@@ -135,28 +137,30 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from jaxrunner._src.services.external import ExternalEnv, ExternalEnvConfig
 
-    probe = gymnasium.make(args.env)
-    obs_space, action_space = probe.observation_space, probe.action_space
-    probe.close()
-    policy, params = _load_policy(args.policy, args, obs_space, action_space)
-    config = ExternalEnvConfig(
-        max_batch=args.max_batch,
-        max_wait_ms=args.max_wait_ms,
-        max_concurrent=args.max_concurrent,
-        max_episodes_per_client=args.max_episodes_per_client,
-        episode_timeout_s=args.episode_timeout_s,
-    )
-    with ExternalEnv(obs_space, action_space, policy, params, seed=args.seed, config=config) as env:
-        server = PolicyServer(
-            env,
-            ServerConfig(
-                host=args.host,
-                port=args.port,
-                token_file=args.token_file,
-                max_body_bytes=args.max_body_bytes,
-                max_connections=args.max_connections,
-            ),
+    try:  # before anything serves: one line naming what is wrong, no traceback
+        probe = gymnasium.make(args.env)
+        obs_space, action_space = probe.observation_space, probe.action_space
+        probe.close()
+        policy, params = _load_policy(args.policy, args, obs_space, action_space)
+        config = ExternalEnvConfig(
+            max_batch=args.max_batch,
+            max_wait_ms=args.max_wait_ms,
+            max_concurrent=args.max_concurrent,
+            max_episodes_per_client=args.max_episodes_per_client,
+            episode_timeout_s=args.episode_timeout_s,
         )
+        server_config = ServerConfig(
+            host=args.host,
+            port=args.port,
+            token_file=args.token_file,
+            max_body_bytes=args.max_body_bytes,
+            max_connections=args.max_connections,
+        )
+    except (JaxRunnerError, gymnasium.error.Error) as err:
+        print(f"jaxrunner serve: {err}", file=sys.stderr)
+        return 2
+    with ExternalEnv(obs_space, action_space, policy, params, seed=args.seed, config=config) as env:
+        server = PolicyServer(env, server_config)
         info = {
             "url": server.url,
             "token_file": str(server.token_file),
