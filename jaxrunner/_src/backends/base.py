@@ -58,12 +58,15 @@ def env_spaces(envs: Sequence[Any], offset: int = 0) -> list[tuple[Any, Any]]:
     try:
         return [(env.observation_space, env.action_space) for env in envs]
     except AttributeError:
-        i, name = next(
+        missing = [
             (i, name)
             for i, env in enumerate(envs)
             for name in ("observation_space", "action_space")
             if not hasattr(env, name)
-        )
+        ]
+        if not missing:  # raised inside a space property: the env's own error
+            raise
+        i, name = missing[0]
         raise SpaceMismatchError(
             f"sub-env {offset + i} ({type(envs[i]).__name__}) has no {name}; a gymnasium.Env "
             "sets self.observation_space and self.action_space (in its __init__, or as class "
