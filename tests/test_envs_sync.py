@@ -727,6 +727,14 @@ class NoSpaces(gymnasium.Env):
         return np.zeros(3), 0.0, False, False, {}
 
 
+class BrokenSpace(NoSpaces):
+    action_space = gymnasium.spaces.Discrete(2)
+
+    @property
+    def observation_space(self):
+        return self.no_such_attribute  # an AttributeError of the env's own
+
+
 @pytest.mark.parametrize("backend", ["sync", "process"])
 def test_a_sub_env_without_spaces_is_named(backend: str) -> None:
     fns = [functools.partial(CountingEnv, 0), NoSpaces]
@@ -734,6 +742,8 @@ def test_a_sub_env_without_spaces_is_named(backend: str) -> None:
         SpaceMismatchError, match=r"sub-env 1 \(NoSpaces\) has no observation_space"
     ):
         jr.make_vec(fns, 2, backend=backend)  # AttributeError, from inside the backend, before
+    with pytest.raises(AttributeError, match="no_such_attribute"):  # the env's own, as it is
+        jr.make_vec([BrokenSpace], 1, backend="sync")
 
 
 @pytest.mark.parametrize("backend", ["sync", "process"])

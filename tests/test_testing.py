@@ -215,6 +215,15 @@ def test_fault_plan_rejects_bad_arguments(kwargs: dict[str, Any], match: str) ->
         FaultPlan(**kwargs)
 
 
+def test_fault_injectors_refuse_what_is_not_a_plan_or_a_factory() -> None:
+    with pytest.raises(TypeError, match=r"FaultyEnv\(faults=...\): expected a list of .*FaultPlan"):
+        FaultyEnv(CountingEnv(), FaultPlan())  # one plan, not a list of them
+    with pytest.raises(TypeError, match=r"faulty_env_fns\(faults=...\): .* got an item 3"):
+        faulty_env_fns(CountingEnv, 2, [FaultPlan(), 3])  # at once, not when an env is made
+    with pytest.raises(TypeError, match=r"faulty_env_fns\(base=3\): expected a zero-argument"):
+        faulty_env_fns(3, 2)
+
+
 def test_obs_missing_key_needs_dict_observations() -> None:
     env = FaultyEnv(CountingEnv(), [FaultPlan(kind="obs_missing_key", call="reset", at=(1,))])
     with pytest.raises(InvalidArgumentError, match="dict observations"):

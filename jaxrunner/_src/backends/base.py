@@ -6,6 +6,7 @@ and ``recv()``, SAME_STEP autoreset, declared capabilities. See docs/concepts.md
 from __future__ import annotations
 
 import abc
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -58,11 +59,11 @@ def env_spaces(envs: Sequence[Any], offset: int = 0) -> list[tuple[Any, Any]]:
     try:
         return [(env.observation_space, env.action_space) for env in envs]
     except AttributeError:
-        missing = [
+        missing = [  # looked up without running a property (whose own error stays its)
             (i, name)
             for i, env in enumerate(envs)
             for name in ("observation_space", "action_space")
-            if not hasattr(env, name)
+            if inspect.getattr_static(env, name, None) is None
         ]
         if not missing:  # raised inside a space property: the env's own error
             raise

@@ -12,12 +12,12 @@ import pathlib
 import signal
 import time
 from collections.abc import Sequence
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 
 from jaxrunner._src.arg_checks import check_number
-from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 FaultKind = Literal[
     # Never return: the call raises, sleeps, or takes its process down.
@@ -119,6 +119,18 @@ class CallLog:
 _made_per_seed: collections.Counter[int] = collections.Counter()
 
 
+def check_plans(where: str, faults: Any) -> tuple[FaultPlan, ...]:
+    """``faults`` as a tuple of :class:`FaultPlan`; anything else refused by name."""
+    items = () if not isinstance(faults, Sequence) or isinstance(faults, str) else faults
+    bad = next((f for f in items if not isinstance(f, FaultPlan)), None)
+    if items is not faults or bad is not None:
+        got = type(faults).__name__ if items is not faults else f"an item {bad!r:.60}"
+        raise InvalidArgumentTypeError(
+            f"{where}(faults=...): expected a list of jaxrunner.testing.FaultPlan, got {got}."
+        )
+    return tuple(items)
+
+
 class FaultSchedule:
     """Which calls of one env instance misbehave (what every fault-injecting wrapper
     shares): a call misbehaves as the first of ``faults`` for it that is due (its number in
@@ -142,7 +154,7 @@ class FaultSchedule:
         seed: int = 0,
         owner: str = "FaultyEnv",
     ) -> None:
-        self.faults, self.log, self.owner = tuple(faults), log, owner
+        self.faults, self.log, self.owner = check_plans(owner, faults), log, owner
         if log is not None:
             instance = log.count("made")
             log.record("made")

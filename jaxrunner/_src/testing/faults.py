@@ -10,7 +10,7 @@ from typing import Any
 import gymnasium
 
 from jaxrunner._src.testing.broken_returns import break_returns
-from jaxrunner._src.testing.fault_plans import CallLog, FaultPlan, FaultSchedule
+from jaxrunner._src.testing.fault_plans import CallLog, FaultPlan, FaultSchedule, check_plans
 from jaxrunner._src.testing.pettingzoo_bases import (
     HAVE_PETTINGZOO,
     AECEnv,
@@ -260,14 +260,20 @@ def faulty_env_fns(
                 "factory; pass num_envs, or a sequence of factories as base."
             )
         bases = [base] * num_envs
-    else:
+    elif isinstance(base, Sequence) and not isinstance(base, str):
         bases = list(base)
         if num_envs is not None and num_envs != len(bases):
             raise InvalidArgumentError(
                 f"faulty_env_fns(num_envs={num_envs}): expected {len(bases)}, the number of "
                 "factories in base (or None)."
             )
+    else:
+        raise InvalidArgumentTypeError(
+            f"faulty_env_fns(base={base!r:.60}): expected a zero-argument env factory, or a "
+            "list of them (one per sub-env)."
+        )
     per_env = faults if isinstance(faults, Mapping) else dict.fromkeys(range(len(bases)), faults)
+    per_env = {i: check_plans("faulty_env_fns", plans) for i, plans in per_env.items()}
     return [
         functools.partial(
             _make_faulty, fn, tuple(per_env.get(i, ())), log, seed * 100_003 + i, agent
