@@ -14,7 +14,7 @@ import pytest
 from conftest import ActorCritic, short_cartpole
 
 import jaxrunner as jr
-from jaxrunner._src.core.policy import _has_nan
+from jaxrunner._src.core.params import _has_nan
 from jaxrunner.errors import (
     ClosedError,
     InvalidArgumentError,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -171,4 +171,12 @@ def check_env_fns(where: str, env_fns: Sequence[Any]) -> None:
             f"{where}: env_fns[{bad}] is a {type(env_fns[bad]).__name__}, not a factory. Pass "
             "zero-argument functions that build the envs (e.g. lambda: gymnasium.make(...)), "
             "not the envs themselves: each sub-env is built (and rebuilt) by its factory."
+        )
+
+
+def check_options(where: str, options: Any) -> None:
+    """Refuses reset ``options`` that are not a dict (or None)."""
+    if options is not None and not isinstance(options, Mapping):
+        raise InvalidArgumentTypeError(
+            refusal(where, "options", options, "a dict, or None", None, "", False)
         )

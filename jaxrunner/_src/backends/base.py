@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import abc
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import gymnasium
@@ -16,41 +16,21 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.arg_checks import check_int, is_int, is_seed, refusal
+from jaxrunner._src.arg_checks import check_int, check_options, is_int
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.steps import BatchStep, EnvIds, MultiAgentStep
 from jaxrunner._src.core.agent_groups import AgentGroup, GroupedAgents
+from jaxrunner._src.core.seeds import normalize_seeds
 from jaxrunner.errors import (
     ClosedError,
     EnvIndexError,
     InvalidArgumentError,
-    InvalidArgumentTypeError,
     SpaceMismatchError,
 )
 
 if TYPE_CHECKING:
     from jaxrunner._src.backends.auto import LayoutChoice
-
-
-def normalize_seeds(seed: int | Sequence[int | None] | None, num_envs: int) -> list[int | None]:
-    """gymnasium's seeding rule: ``int`` s -> ``[s, s+1, ...]``; a list is taken as is."""
-    if seed is None:
-        return [None] * num_envs
-    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
-        return [check_int("reset", "seed", seed, low=0) + i for i in range(num_envs)]
-    if isinstance(seed, str) or not isinstance(seed, (Sequence, np.ndarray)):
-        what = "an int >= 0 (sub-env i gets seed + i), one seed per sub-env, or None"
-        raise InvalidArgumentTypeError(refusal("reset", "seed", seed, what, None, "", False))
-    seeds = list(seed)
-    bad = next((s for s in seeds if not is_seed(s)), None)
-    if len(seeds) != num_envs or bad is not None:
-        got = f"{len(seeds)}" if len(seeds) != num_envs else f"{bad!r:.40} ({type(bad).__name__})"
-        raise InvalidArgumentError(
-            f"reset(seed=[...]): a list of seeds needs one per sub-env (num_envs={num_envs}), "
-            f"each an int >= 0 or None; got {got}. Pass an int to seed sub-env i with seed+i."
-        )
-    return seeds
 
 
 def env_spaces(envs: Sequence[Any], offset: int = 0) -> list[tuple[Any, Any]]:
@@ -73,14 +53,6 @@ def env_spaces(envs: Sequence[Any], offset: int = 0) -> list[tuple[Any, Any]]:
             "sets self.observation_space and self.action_space (in its __init__, or as class "
             "attributes)."
         ) from None
-
-
-def check_options(where: str, options: Any) -> None:
-    """Refuses reset ``options`` that are not a dict (or None)."""
-    if options is not None and not isinstance(options, Mapping):
-        raise InvalidArgumentTypeError(
-            refusal(where, "options", options, "a dict, or None", None, "", False)
-        )
 
 
 def check_equal_spaces(pairs: Sequence[tuple[gymnasium.Space, gymnasium.Space]]) -> None:

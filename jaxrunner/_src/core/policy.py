@@ -27,7 +27,7 @@ from jaxrunner._src.core.module_policy import (
     acting_fn,
     module_policy_fns,
 )
-from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 
 def dummy_obs(observation_space: spaces.Space, batch: int = 1) -> Any:
@@ -351,56 +351,6 @@ def _over_batch(fn: Callable[..., Any], batch_ndim: int, *trees: Any) -> Any:
 
     out = fn(*jax.tree.map(flat, trees))
     return jax.tree.map(lambda x: jnp.reshape(x, (*batch, *jnp.shape(x)[1:])), out)
-
-
-def check_params_like(current: Params, new: Params, what: str) -> None:
-    """Refuses ``new`` params (given to ``what``) unless they match ``current`` in
-    structure, shapes and dtypes: the policy is compiled for those, and must never
-    retrace."""
-    old = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), current)
-    got = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), new)
-    if jax.tree.structure(old) != jax.tree.structure(got) or old != got:
-        raise SpaceMismatchError(
-            f"{what}: the new params differ in structure, shape or dtype from the old "
-            "ones, for which the policy is compiled. Pass params with the "
-            "same pytree structure (e.g. the output of the same Policy.init)."
-        )
-
-
-def put_params(new: Params, what: str, like: Params | None = None) -> Params:
-    """``new`` on device, as ``what`` (e.g. ``"EnvRunner.set_params(params)"``) takes
-    them: refused unless they match ``like`` (see :func:`check_params_like`; None: the
-    first ones) and hold no NaN."""
-    if like is not None:
-        check_params_like(like, new, what)
-    device = jax.device_put(new)
-    floats = [
-        (path, x)
-        for path, x in jax.tree_util.tree_leaves_with_path(device)
-        if jnp.issubdtype(x.dtype, jnp.inexact)
-    ]
-    leaves = [x for _, x in floats]
-    with jax.transfer_guard_device_to_host("allow"):
-        if all(d.platform == "cpu" for x in leaves for d in x.devices()):
-            nan = [np.isnan(np.asarray(x)).any() for x in leaves]  # views: nothing compiles
-        else:  # one flag per leaf, one read: the params stay where they are
-            nan = np.asarray(_has_nan(leaves)) if leaves else []
-    where = [
-        jax.tree_util.keystr(path) or "the array" for (path, _), bad in zip(floats, nan) if bad
-    ]
-    if where:  # a policy would sample from them silently (NaN logits: action 0)
-        raise InvalidArgumentError(
-            f"{what}: the params hold NaN in {', '.join(where[:3])}"
-            f"{f' (and {len(where) - 3} more leaves)' if len(where) > 3 else ''}; refused, "
-            "nothing changed. Pass finite params (jax.config.update('jax_debug_nans', True) "
-            "finds the update that made the NaN)."
-        )
-    return device
-
-
-@jax.jit
-def _has_nan(leaves: list[jax.Array]) -> jax.Array:
-    return jnp.stack([jnp.isnan(x).any() for x in leaves])
 
 
 @functools.cache  # one function per policy and name: runners built again compile nothing

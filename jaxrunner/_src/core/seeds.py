@@ -1,12 +1,15 @@
-"""The reset seeds a runner gives its sub-envs (:func:`env_seeds`), and a restarted
-sub-env (:func:`restart_seed`): one rule each, in one place."""
+"""The reset seeds a runner gives its sub-envs (:func:`env_seeds`), a restarted sub-env
+(:func:`restart_seed`), and a vector env's ``reset(seed=...)`` (:func:`normalize_seeds`):
+one rule each, in one place."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
-from jaxrunner._src.arg_checks import check_int, is_int
-from jaxrunner.errors import InvalidArgumentError
+from jaxrunner._src.arg_checks import check_int, is_int, is_seed, refusal
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 MAX_SEED = 2**63 - 1
 """The largest runner seed: its policy keys' root is ``jax.random.key(seed)``, an int64."""
@@ -50,3 +53,23 @@ def restart_seed(reset_seed: int, restart: int) -> int:
     reset with ``reset_seed``, below ``2**30``: the same seed and the same faults give
     the same episodes."""
     return env_seeds([reset_seed, restart, _RESTART_TAG], 1)[0]
+
+
+def normalize_seeds(seed: int | Sequence[int | None] | None, num_envs: int) -> list[int | None]:
+    """gymnasium's seeding rule: ``int`` s -> ``[s, s+1, ...]``; a list is taken as is."""
+    if seed is None:
+        return [None] * num_envs
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+        return [check_int("reset", "seed", seed, low=0) + i for i in range(num_envs)]
+    if isinstance(seed, str) or not isinstance(seed, (Sequence, np.ndarray)):
+        what = "an int >= 0 (sub-env i gets seed + i), one seed per sub-env, or None"
+        raise InvalidArgumentTypeError(refusal("reset", "seed", seed, what, None, "", False))
+    seeds = list(seed)
+    bad = next((s for s in seeds if not is_seed(s)), None)
+    if len(seeds) != num_envs or bad is not None:
+        got = f"{len(seeds)}" if len(seeds) != num_envs else f"{bad!r:.40} ({type(bad).__name__})"
+        raise InvalidArgumentError(
+            f"reset(seed=[...]): a list of seeds needs one per sub-env (num_envs={num_envs}), "
+            f"each an int >= 0 or None; got {got}. Pass an int to seed sub-env i with seed+i."
+        )
+    return seeds

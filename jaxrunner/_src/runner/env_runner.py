@@ -18,7 +18,8 @@ from jaxrunner._src.connectors.per_group import GroupConnectors
 from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.core.metrics import MetricsConfig
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
-from jaxrunner._src.core.policy import Params, Policy, put_params
+from jaxrunner._src.core.params import put_params
+from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.core.runner_state import RunnerState
 from jaxrunner._src.core.trajectory import Trajectory
 from jaxrunner._src.runner.auto_layout import from_env

@@ -19,7 +19,8 @@ from gymnasium import spaces
 
 import jaxrunner._src.samplers.keys as keys
 from jaxrunner._src import space_arrays
-from jaxrunner._src.core.policy import Params, Policy, put_params
+from jaxrunner._src.core.params import put_params
+from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.samplers.batch_invariance import chunked_apply, policy_chunk_rows
 from jaxrunner._src.samplers.policy_step import apply_output
 from jaxrunner._src.samplers.ready_first import default_buckets
