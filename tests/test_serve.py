@@ -29,6 +29,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from jaxrunner._src.services.serve import wire  # noqa: E402
+from jaxrunner._src.services.serve.client_http import raise_for  # noqa: E402
 from jaxrunner.serve import PolicyClient, PolicyServer, ServerConfig  # noqa: E402
 
 CARTPOLE = gymnasium.make("CartPole-v1")
@@ -222,12 +223,12 @@ def test_bad_requests_get_4xx_with_a_clear_error_and_change_nothing(served):
         ("pickle as json", _post(url, act, token, content=pickled), 400, "invalid_json"),
         ("oversized body", _post(url, act, token, content=huge), 413, "too_large"),
         ("oversized stream", _post(url, act, token, content=chunked()), 413, "too_large"),
-        ("obs outside space", _post(url, act, token, outside), 422, "invalid_value"),
-        ("obs float64", _post(url, act, token, as_f64), 422, "invalid_value"),
-        ("obs NaN", _post(url, act, token, nan_obs), 422, "invalid_value"),
-        ("dtype not allowed", _post(url, act, token, bad_dtype), 422, "invalid_value"),
-        ("short data", _post(url, act, token, short), 422, "invalid_value"),
-        ("not base64", _post(url, act, token, not_b64), 422, "invalid_value"),
+        ("obs outside space", _post(url, act, token, outside), 422, "space_mismatch"),
+        ("obs float64", _post(url, act, token, as_f64), 422, "space_mismatch"),
+        ("obs NaN", _post(url, act, token, nan_obs), 422, "space_mismatch"),
+        ("dtype not allowed", _post(url, act, token, bad_dtype), 422, "space_mismatch"),
+        ("short data", _post(url, act, token, short), 422, "space_mismatch"),
+        ("not base64", _post(url, act, token, not_b64), 422, "space_mismatch"),
         ("extra field", _post(url, act, token, {**good, "x": 1}), 422, "invalid_request"),
         (
             "NaN reward",
@@ -284,6 +285,18 @@ def test_bad_requests_get_4xx_with_a_clear_error_and_change_nothing(served):
     ]:
         with pytest.raises(error, match=r"log_returns\("):
             client.log_returns(eid, bad, info)
+    # A 422 is raised as the kind the env raised (the schema's: InvalidArgumentError),
+    # not as one kind for every 422.
+    with pytest.raises(errors.InvalidArgumentError, match="HTTP 422 invalid_request"):
+        client.start_episode(-1)
+    for code, kind in [
+        ("space_mismatch", errors.SpaceMismatchError),
+        ("invalid_value", errors.InvalidArgumentError),
+        ("invalid_type", errors.InvalidArgumentTypeError),
+    ]:
+        with pytest.raises(kind, match=f"HTTP 422 {code}") as raised:
+            raise_for(422, {"error": {"code": code, "message": "m"}})
+        assert type(raised.value) is kind, code
     # The episode goes on as if nothing had happened.
     client.log_returns(eid, reward)
     client.end_episode(eid, obs1)

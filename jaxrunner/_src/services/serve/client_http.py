@@ -77,6 +77,14 @@ def parse_answer(data: bytes, status: int, path: str) -> Any:
         ) from None
 
 
+_INVALID = {
+    "space_mismatch": errors.SpaceMismatchError,
+    "invalid_type": errors.InvalidArgumentTypeError,
+}
+"""The 422 codes of the server's error kinds (``error_handlers._STATUS``) other than
+``invalid_value`` and the schema's ``invalid_request``, both InvalidArgumentError."""
+
+
 def raise_for(status: int, answer: Any) -> None:
     """Raises the server's error answer (``answer`` its parsed JSON) as the env's error
     (``EpisodeNotFoundError`` for 404/410, ...) or as :class:`PolicyServerError`."""
@@ -91,7 +99,7 @@ def raise_for(status: int, answer: Any) -> None:
     kind = {
         409: errors.EpisodeConflictError,
         429: errors.TooManyEpisodesError,
-        422: errors.SpaceMismatchError,
+        422: _INVALID.get(code, errors.InvalidArgumentError),  # the server's own kind
     }.get(status)
     if status == 429 and code == "memory_limit":
         kind = errors.MemoryLimitError

@@ -20,11 +20,12 @@ _STATUS: list[tuple[type[BaseException], int, str]] = [
     (errors.EpisodeConflictError, 409, "episode_conflict"),
     (errors.ActionTimeoutError, 503, "timeout"),
     (errors.ClosedError, 503, "closed"),
-    (errors.SpaceMismatchError, 422, "invalid_value"),
+    (errors.SpaceMismatchError, 422, "space_mismatch"),
     (errors.InvalidArgumentError, 422, "invalid_value"),
-    (errors.InvalidArgumentTypeError, 422, "invalid_value"),
+    (errors.InvalidArgumentTypeError, 422, "invalid_type"),
 ]
-"""Status and code of each error kind, the first that matches."""
+"""Status and code of each error kind, the first that matches (a client raises the
+same kind again from the code: ``client_http.raise_for``)."""
 
 
 def error_response(status: int, code: str, message: str) -> JSONResponse:
