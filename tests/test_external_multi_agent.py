@@ -138,6 +138,11 @@ def test_policies_map_agents_and_params_are_per_policy():
             env.set_params(params, "middle")
         with pytest.raises(InvalidArgumentError, match="Name one: this env has several"):
             env.get_params()
+        every = {"left": env.get_params("left")[0], "right": params}  # as it was built with
+        keyed = r"keyed by policy ids \(\['left', 'right'\]\)"
+        with pytest.raises(InvalidArgumentError, match=keyed):
+            env.set_params(every, "right")
+        assert env.get_params("right")[1] == 1  # nothing changed
     # One policy: no policy id needed, as a runner's set_params(params) and ExternalEnv's.
     with make_env(ComingAndGoing()) as env:
         params, version = env.get_params()

@@ -159,6 +159,12 @@ def test_same_seed_same_trajectory_and_new_params_change_actions():
             return first, r.sample()
 
     a1, a2 = run(np.zeros(5))
+    # The dict a runner is built with, keyed by policy id, is named (one policy at a time).
+    envs = jr.make_multi_agent_vec(envs_mod.simple_spread, 2)
+    with jr.EnvRunner(envs, random_policy(5), zero_params(5), 12, seed=1) as r:
+        with pytest.raises(InvalidArgumentError, match=r"set_params\(params\[policy_id\]"):
+            r.set_params({"policy_0": zero_params(5)})
+        np.testing.assert_array_equal(r.get_params()["w"], np.zeros(5))
     b1, b2 = run(np.zeros(5))
     c1, c2 = run(np.array([0, 0, 0, 0, 50.0]))
     jax.tree.map(np.testing.assert_array_equal, (a1, a2), (b1, b2))

@@ -3,6 +3,8 @@ for, on device, without NaN."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,6 +24,21 @@ def check_params_like(current: Params, new: Params, what: str) -> None:
             f"{what}: the new params differ in structure, shape or dtype from the old "
             "ones, for which the policy is compiled. Pass params with the "
             "same pytree structure (e.g. the output of the same Policy.init)."
+        )
+
+
+def refuse_every_policys(new: Params, policy_ids: Collection[str], like: Params, what: str) -> None:
+    """Refuses a dict keyed by policy ids (as runners are built with, and as
+    ``EnvRunnerGroup.set_params`` takes) where one policy's params ``like`` are expected."""
+    if (
+        isinstance(new, Mapping)
+        and new
+        and new.keys() <= set(policy_ids)
+        and not (isinstance(like, Mapping) and new.keys() == like.keys())
+    ):
+        raise InvalidArgumentError(
+            f"{what}: got a dict keyed by policy ids ({sorted(new)}); this takes one "
+            "policy's params: call set_params(params[policy_id], policy_id) for each."
         )
 
 

@@ -14,6 +14,7 @@ import jaxrunner._src.services.external.checks as checks
 from jaxrunner._src.arg_checks import check_bool
 from jaxrunner._src.core.agent_groups import PolicyMappingFn, build_groups
 from jaxrunner._src.core.episode import AgentEpisode, Episode
+from jaxrunner._src.core.params import refuse_every_policys
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.services.external.config import ExternalEnvConfig
 from jaxrunner._src.services.external.core import ExternalEnvCore
@@ -182,7 +183,9 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
         batch on (never recompiles); returns their new version. (The arguments of every
         runner's ``set_params``.)"""
         what = f"{type(self).__name__}.set_params(params, {policy_id!r})"
-        return self._batcher(policy_id, "set_params").set_params(params, what)
+        batcher = self._batcher(policy_id, "set_params")
+        refuse_every_policys(params, self.policy_ids, batcher.get_params()[0], what)
+        return batcher.set_params(params, what)
 
     def get_params(self, policy_id: str | None = None) -> tuple[Params, int]:
         """``policy_id``'s current params (None: the env's one policy) and their version
