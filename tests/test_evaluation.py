@@ -124,6 +124,10 @@ def test_bad_num_episodes(setup) -> None:
         jr.evaluate(envs, policy, params, num_episodes=0)
     with pytest.raises(TypeError, match=r"evaluate\(deterministic='no'\)"):  # ran greedy
         jr.evaluate(envs, policy, params, num_episodes=1, deterministic="no")
+    # The runner's own checks of policy and params, noted as evaluate()'s.
+    with pytest.raises(jr.errors.InvalidArgumentError, match="could not be applied") as raised:
+        jr.evaluate(envs, policy, {"w": np.zeros(3)}, num_episodes=1)
+    assert any("evaluate()" in note for note in raised.value.__notes__)
     envs.close()
     with pytest.raises(ValueError, match=r"make_vec\(seed=-1\): expected an int >= 0"):
         jr.make_vec("CartPole-v1", 2, seed=-1)  # was refused by gymnasium, after building

@@ -20,7 +20,7 @@ from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.runner.collection import sampled_episodes
 from jaxrunner._src.runner.env_runner import EnvRunner
-from jaxrunner.errors import EvaluationIncompleteError, InvalidArgumentError
+from jaxrunner.errors import EvaluationIncompleteError, InvalidArgumentError, JaxRunnerError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +152,11 @@ def evaluate(
             f"{type(policy).__name__}."
         )
     acting = _acting(policy, check_bool("evaluate", "deterministic", deterministic))
-    runner = EnvRunner(envs, acting, params, rollout_length, seed, connectors=connectors)
+    try:
+        runner = EnvRunner(envs, acting, params, rollout_length, seed, connectors=connectors)
+    except JaxRunnerError as err:  # its checks name the runner's arguments, also evaluate's
+        err.add_note("jaxrunner: raised by the EnvRunner evaluate() builds from its arguments.")
+        raise
     try:
         if connectors is not None:
             frozen = _frozen_states(runner, connector_state)
