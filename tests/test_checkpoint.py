@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import os
 import pathlib
 import pickle
 import shutil
@@ -680,10 +681,16 @@ def test_a_pure_jax_runner_ignores_info_names_it_has_no_recorder_for(tmp_path):
         assert_trees_equal(resumed.sample(), expected, "trajectory")
 
 
-def test_a_save_that_fails_leaves_no_file_behind(tmp_path):
+def test_a_save_that_fails_leaves_no_file_behind(tmp_path, monkeypatch):
     (tmp_path / "a_folder").mkdir()
-    with make() as runner, pytest.raises(IsADirectoryError):
-        runner.save(tmp_path / "a_folder")  # written whole, then refused by the rename
+    with make() as runner:
+        with monkeypatch.context() as patch:  # written whole, then the rename fails
+            patch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError("disk")))
+            with pytest.raises(OSError, match="disk"):
+                runner.save(tmp_path / "c.ckpt")
+        assert [p.name for p in tmp_path.iterdir()] == ["a_folder"]
+        with pytest.raises(InvalidArgumentError, match=r"'.*a_folder'\): that is a folder"):
+            runner.save(tmp_path / "a_folder")  # refused before anything is written
     assert [p.name for p in tmp_path.iterdir()] == ["a_folder"]
     with make() as runner:  # refused before anything is written, naming the path
         with pytest.raises(InvalidArgumentError, match=r"folder '.*nowhere' does not exist"):

@@ -146,6 +146,15 @@ def test_next_value_evaluates_only_the_stored_rows() -> None:
     assert seen[-1] == min(max(16, 1 << (rows - 1).bit_length()), dense.reward.size)
     assert rows < dense.reward.size
     np.testing.assert_array_equal(dense.next_value(value, value_fn), expected)
+    # A value or a value_fn of another shape is named, on either kind of trajectory (a
+    # dense one used to ignore the value, a compact one to fail inside a reshape).
+    for traj in (compact, dense):
+        with pytest.raises(InvalidArgumentError, match=r"next_value\(value=...\): expected"):
+            traj.next_value(value[1:], value_fn)
+        with pytest.raises(InvalidArgumentError, match=r"next_value\(value_fn=...\): returned"):
+            traj.next_value(value, lambda obs: jnp.zeros(2))
+        column = traj.next_value(value, lambda obs: value_fn(obs)[:, None])  # [N, 1]: fine
+        np.testing.assert_array_equal(column, expected)
 
 
 def test_a_jitted_critic_compiles_for_a_few_shapes_only() -> None:

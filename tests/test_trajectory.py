@@ -240,8 +240,12 @@ def test_save_and_load_take_paths_only_and_a_failed_save_leaves_nothing(tmp_path
     with pytest.raises(ValueError, match=r"Trajectory.save\('.*nowhere.*'\): the folder"):
         traj.save(tmp_path / "nowhere" / "t.npz")
     (tmp_path / "a_folder").mkdir()
-    with pytest.raises(IsADirectoryError):
-        traj.save(tmp_path / "a_folder")  # written aside, then refused by the rename
+    with pytest.raises(ValueError, match=r"a_folder'\): that is a folder; give a file's path"):
+        traj.save(tmp_path / "a_folder")  # before anything is written aside
+    with pytest.MonkeyPatch.context() as patch:  # written aside, then the rename fails
+        patch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError("disk")))
+        with pytest.raises(OSError, match="disk"):
+            traj.save(tmp_path / "t.npz")
     assert [p.name for p in tmp_path.iterdir()] == ["a_folder"]
 
 

@@ -32,6 +32,11 @@ def write_npz(path: str, arrays: dict[str, np.ndarray], where: str) -> None:
     ``"EnvRunner.save"``, names the call in errors): aside, then renamed, so a crash
     mid-write leaves an earlier file at ``path`` whole."""
     folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise InvalidArgumentError(
+            f"{where}({path!r}): that is a folder; give a file's path in it, e.g. "
+            f"{os.path.join(path, 'file.npz')!r}."
+        )
     if not os.path.isdir(folder):
         raise InvalidArgumentError(
             f"{where}({path!r}): the folder {folder!r} does not exist; create it first "

@@ -177,10 +177,16 @@ class StoredNextObs(TimeMajor):
         :func:`jaxrunner.gae` takes as ``next_value``. On a compact group, a slot
         without a transition (``valid`` False) gets 0, which ``gae`` never reads."""
         lead = np.shape(self.reward)
+        where = f"{type(self).__name__}.next_value"
+        if np.shape(value) != lead:  # (a dense trajectory does not read it: checked anyway)
+            raise InvalidArgumentError(
+                f"{where}(value=...): expected V(obs), of the reward's shape {lead}, got "
+                f"shape {np.shape(value)}."
+            )
         store = self.next_obs_store
         if not isinstance(store, FinalObs):
             flat = jax.tree.map(lambda x: x.reshape(-1, *x.shape[len(lead) :]), self.next_obs)
-            return jax.numpy.reshape(value_fn(flat), lead)
+            return _values(value_fn, flat, int(np.prod(lead)), where).reshape(lead)
         following = self._following_value(value)
         rows = len(store.index)
         if not rows:
@@ -191,7 +197,7 @@ class StoredNextObs(TimeMajor):
             lambda x: np.concatenate([x, np.zeros((bucket - rows, *x.shape[1:]), x.dtype)]),
             jax.tree.map(np.asarray, store.obs),
         )
-        stored = jax.numpy.reshape(value_fn(padded), (bucket,))[:rows]
+        stored = _values(value_fn, padded, bucket, where)[:rows]
         return following.reshape(-1).at[store.index].set(stored).reshape(lead)
 
     @classmethod
@@ -308,3 +314,15 @@ def _structure_difference(first: TimeMajor, other: TimeMajor, i: int) -> str:
             "sample."
         )
     return text
+
+
+def _values(value_fn: Callable[[Any], Any], obs: Any, count: int, where: str) -> jax.Array:
+    """``value_fn(obs)`` for ``count`` observations, as ``[count]``: refused unless it
+    gives one value per observation."""
+    out = value_fn(obs)
+    if np.size(out) != count:
+        raise InvalidArgumentError(
+            f"{where}(value_fn=...): returned shape {np.shape(out)} for {count} observations; "
+            f"expected one value per observation, shape ({count},) or ({count}, 1)."
+        )
+    return jax.numpy.reshape(out, (count,))
