@@ -196,6 +196,12 @@ def test_bad_arguments_are_refused_before_any_trial(monkeypatch, bad, match):
         )  # fmt: skip
 
 
+def test_env_kwargs_that_are_not_a_dict_are_named():
+    policy, params = _policy_and_params()
+    with pytest.raises(InvalidArgumentTypeError, match=r"from_env\(env_kwargs=\[1\]\): expected"):
+        jr.EnvRunner.from_env("CartPole-v1", 2, policy, params, ROLLOUT, 0, env_kwargs=[1])
+
+
 def test_the_deprecated_alias_takes_the_runners_options():
     from jaxrunner._src.runner.env_runner import MultiAgentRunner
 

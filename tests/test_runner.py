@@ -239,6 +239,20 @@ def test_params_of_another_observation_size_are_named_when_the_runner_is_built()
     other = policy.init(jax.random.key(0), gymnasium.spaces.Box(-1, 1, (5,)))  # not (4,)
     with envs, pytest.raises(InvalidArgumentError, match="could not be applied to these params"):
         jr.EnvRunner(envs, policy, other, 4, 0)
+    # Params of the env's observations where connectors change them: the connectors' space
+    # is named, and how to initialise on it (this blamed a pure-JAX env's functions).
+    stack = jr.connectors.Connectors(obs=[jr.connectors.FrameStack(num_frames=2)])
+    params = policy.init(jax.random.key(0), gymnasium.spaces.Box(-1, 1, (4,)))
+    with (
+        jr.make_vec("CartPole-v1", 2) as envs,
+        pytest.raises(InvalidArgumentError, match=r"sees \(Box of shape \(2, 4\);") as caught,
+    ):
+        jr.EnvRunner(envs, policy, params, 4, 0, connectors=stack)
+    assert "connectors.observation_space(envs.single_observation_space)" in str(caught.value)
+    seen = stack.observation_space(envs.single_observation_space)
+    with jr.make_vec("CartPole-v1", 2) as envs:  # the fix the error gives
+        fixed = policy.init(jax.random.key(0), seen)
+        jr.EnvRunner(envs, policy, fixed, 4, 0, connectors=stack).close()
 
 
 def test_a_policy_whose_outputs_or_code_are_wrong_is_named_not_its_params():

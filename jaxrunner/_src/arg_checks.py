@@ -174,9 +174,9 @@ def check_env_fns(where: str, env_fns: Sequence[Any]) -> None:
         )
 
 
-def check_options(where: str, options: Any) -> None:
-    """Refuses reset ``options`` that are not a dict (or None)."""
-    if options is not None and not isinstance(options, Mapping):
-        raise InvalidArgumentTypeError(
-            refusal(where, "options", options, "a dict, or None", None, "", False)
-        )
+def check_dict(where: str, name: str, value: Any, hint: str = "", none: bool = True) -> Any:
+    """Refuses ``value`` unless it is a dict (any mapping), or None where ``none``."""
+    if (value is None and not none) or (value is not None and not isinstance(value, Mapping)):
+        what = "a dict, or None" if none else "a dict"
+        raise InvalidArgumentTypeError(refusal(where, name, value, what, None, hint, False))
+    return value

@@ -16,7 +16,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.arg_checks import check_int, check_options, is_int
+from jaxrunner._src.arg_checks import check_dict, check_int, is_int
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.steps import BatchStep, EnvIds, MultiAgentStep
@@ -211,7 +211,7 @@ class BaseVectorEnv(abc.ABC):
                 f"reset_at(index={index!r}): index must be in [0, {self.num_envs})."
             )
         check_int("reset_at", "seed", seed, low=0, none="for no new seed")
-        check_options("reset_at", options)
+        check_dict("reset_at", "options", options)
 
     def _values_per_env(self, name: str, values: Any) -> list[Any]:
         """``set_attr``'s values: one per sub-env, or one value for all."""
@@ -289,7 +289,7 @@ class VectorEnv(GroupedAgents, BaseVectorEnv, gymnasium.vector.VectorEnv):
         """gymnasium ``reset``: sub-env ``i`` is seeded with ``seed + i``. As in
         gymnasium, ``options["reset_mask"]`` (a bool array) resets only those envs."""
         seeds = normalize_seeds(seed, self.num_envs)
-        check_options("reset", options)
+        check_dict("reset", "options", options)
         if seed is not None:
             self.reset_seed = int(seed) if isinstance(seed, (int, np.integer)) else None
         options = dict(options) if options else None

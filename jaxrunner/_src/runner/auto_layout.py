@@ -15,7 +15,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from jaxrunner._src.arg_checks import check_int
+from jaxrunner._src.arg_checks import check_dict, check_int
 from jaxrunner._src.backends.auto import LayoutChoice
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.factories import EnvSpec
@@ -92,7 +92,7 @@ def from_env(
             f"EnvRunner.from_env({unknown[0]}=...): not an option of {runner_cls.__name__}; "
             f"its options are {[k for k, p in known.items() if p.kind == p.KEYWORD_ONLY]}."
         )
-    env_kwargs = dict(env_kwargs or {})
+    env_kwargs = dict(check_dict("EnvRunner.from_env", "env_kwargs", env_kwargs) or {})
     own = inspect.signature(make_vec).parameters
     taken = [k for k in env_kwargs if k in own and own[k].kind != inspect.Parameter.VAR_KEYWORD]
     if taken:  # make_vec would take them as its own (or refuse them twice)

@@ -142,7 +142,7 @@ class EnvRunner:
             self.sampler: Any = self.kind.sampler(self, num_splits)
         except BaseException as err:
             self._ownership.release()
-            instead = params_error(err, policies, by_id, envs.groups)
+            instead = params_error(err, policies, by_id, envs.groups, self._connectors)
             if instead is None:
                 raise
             raise instead from err

@@ -239,28 +239,41 @@ def check_has_connectors(runner: Any, what: str) -> None:
 
 
 def params_error(
-    err: BaseException, policies: Mapping[str, Policy], params: Mapping[str, Params], groups: Any
+    err: BaseException,
+    policies: Mapping[str, Policy],
+    params: Mapping[str, Params],
+    groups: Any,
+    connectors: Mapping[str, Any],
 ) -> InvalidArgumentError | None:
     """What to raise instead of ``err``, raised while building the sampler, where the
-    params are to blame; None to raise ``err`` itself."""
+    params are to blame; None to raise ``err`` itself. ``connectors``: by policy id,
+    those of the policies with some (they change what the policy sees)."""
     # Tracing the policy with params of the wrong structure fails deep in its code.
     wrong_params = isinstance(err, KeyError | TypeError | AttributeError | flax.errors.FlaxError)
     # A tracer turned into a bool or an int is the policy's own code (Python control flow
     # on an array), whatever the params: JAX's error says so.
     if not wrong_params or isinstance(err, InvalidArgumentTypeError | jax.errors.JAXTypeError):
         return None
-    try:  # each group's policy traced abstractly on one row of its params
-        for g in groups:
-            policy = policies[g.policy_id]
-            jax.eval_shape(
-                policy.apply_fn, *one_row_args(policy, params[g.policy_id], g.observation_space)
-            )
-    except Exception:
-        return InvalidArgumentError(
-            f"EnvRunner(params=...): the policy could not be applied to these params "
-            f"({type(err).__name__}: {err}). Pass the params the policy was initialised "
-            "with: policy.init(jax.random.key(0), envs.single_observation_space)."
-        )
+    for g in groups:  # each group's policy traced abstractly on one row of its params
+        policy, space = policies[g.policy_id], g.observation_space
+        seen = connectors[g.policy_id].observation_space if g.policy_id in connectors else None
+        for obs_space in (space, seen(space) if seen else None):
+            if obs_space is None:
+                continue
+            try:
+                jax.eval_shape(
+                    policy.apply_fn, *one_row_args(policy, params[g.policy_id], obs_space)
+                )
+            except Exception:
+                init = "envs.single_observation_space"
+                if obs_space is not space:  # the env's observations fit, the connectors' not
+                    init = f"connectors.observation_space({init})"
+                return InvalidArgumentError(
+                    f"EnvRunner(params=...): the policy could not be applied to these params "
+                    f"on the observations it sees ({type(obs_space).__name__} of shape "
+                    f"{obs_space.shape}; {type(err).__name__}: {err}). "
+                    f"Pass params initialised on those: policy.init(jax.random.key(0), {init})."
+                )
     err.add_note(
         "EnvRunner: the policy applies to these params; this came from building "
         "the rest of the step (a pure-JAX env's functions and its env params?)."

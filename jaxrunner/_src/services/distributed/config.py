@@ -10,7 +10,7 @@ from typing import Any
 
 import gymnasium
 
-from jaxrunner._src.arg_checks import check_int, check_number
+from jaxrunner._src.arg_checks import check_dict, check_int, check_number
 from jaxrunner._src.backends.make_vec import check_vec_options
 from jaxrunner._src.backends.process import ProcessConfig
 from jaxrunner._src.backends.ray import RayConfig
@@ -86,12 +86,8 @@ class EnvRunnerGroupConfig:
                 DeprecationWarning,
                 stacklevel=3,
             )
-        for name in ("env_options", "runner_options"):
-            if not isinstance(getattr(self, name), Mapping):
-                raise InvalidArgumentTypeError(
-                    f"{where}({name}={getattr(self, name)!r:.80}): expected a dict of keyword "
-                    f"arguments (for {'make_vec' if name == 'env_options' else 'EnvRunner'})."
-                )
+        for name, of in (("env_options", "make_vec"), ("runner_options", "EnvRunner")):
+            check_dict(where, name, getattr(self, name), f"keyword arguments of {of}", none=False)
         unknown = sorted(set(self.runner_options) - _RUNNER_OPTIONS)
         if unknown:  # refused here, not in each runner's process after Ray started it
             raise InvalidArgumentError(
