@@ -395,8 +395,10 @@ def test_bad_input_errors():
         jr.JaxVectorEnv(object(), None, 2)
     with pytest.raises(TypeError, match=r"got the class RandomWalk; pass an instance"):
         jr.JaxVectorEnv(RandomWalk, None, 2)
-    with pytest.raises(InvalidArgumentError, match="pass num_envs by keyword: num_envs=8"):
+    with pytest.raises(InvalidArgumentError, match=r"pass num_envs by keyword \(num_envs=8\)"):
         jr.JaxVectorEnv(RandomWalk(), 8)
+    with pytest.raises(InvalidArgumentError, match=r"JaxVectorEnv\(env_params=3\): expected"):
+        jr.JaxVectorEnv(RandomWalk(), num_envs=2, env_params=3)  # by keyword: an int still
 
     class Sized(RandomWalk):  # its space reads its params
         def observation_space(self, params):

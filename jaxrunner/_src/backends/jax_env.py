@@ -111,8 +111,9 @@ class JaxVectorEnv(GroupedAgents):
         self.multi_agent = False
         if isinstance(env_params, int) and not isinstance(env_params, bool):
             raise InvalidArgumentError(
-                f"JaxVectorEnv(env, {env_params}): the second argument is env_params (None: "
-                f"the env's default_params); pass num_envs by keyword: num_envs={env_params}."
+                f"JaxVectorEnv(env_params={env_params}): expected the env's params (None: its "
+                "default_params), got an int. env_params is the second argument: pass "
+                f"num_envs by keyword (num_envs={env_params})."
             )
         if functions is None:
             functions = functions_of(env)
