@@ -47,6 +47,7 @@ def test_a_turn_based_sub_env_names_the_agent_whose_turn_it_was():
     assert (info.value.env_index, info.value.agent_id) == (1, "r2")
     assert isinstance(info.value.__cause__, jr.testing.InjectedError)
     assert info.value.partial_trajectory.num_steps == 2
+    assert "the 2 steps completed before this error are in" in str(info.value.__notes__)
 
 
 def test_a_worker_killed_between_samples_is_a_worker_error_not_a_broken_pipe():
@@ -60,6 +61,7 @@ def test_a_worker_killed_between_samples_is_a_worker_error_not_a_broken_pipe():
             runner.sample()
     assert info.value.env_indices == range(2, 3)
     assert info.value.partial_trajectory is None  # no step of that sample completed
+    assert "no step had completed before this error" in str(info.value.__notes__)
 
 
 def test_a_process_config_of_another_backend_is_refused():

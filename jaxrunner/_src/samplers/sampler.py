@@ -54,17 +54,22 @@ def attach_episodes(err: BaseException, episodes: list) -> None:
     """Puts the complete episodes sampled before ``err`` (if any) in
     ``err.partial_episodes``, with a note saying so."""
     if episodes:
-        _attach(err, "partial_episodes", episodes, f"{len(episodes)} complete episodes sampled")
+        _attach(err, "partial_episodes", episodes, f"the {len(episodes)} complete episodes sampled")
 
 
 def attach_partial(err: BaseException, partial: MultiAgentTrajectory | None) -> None:
     """Puts the steps collected before ``err`` in ``err.partial_trajectory``, with a
     note saying so (exceptions that refuse new attributes are left as they are)."""
-    steps = 0 if partial is None else partial.num_steps
-    _attach(err, "partial_trajectory", partial, f"{steps} steps completed")
+    if partial is None:
+        _attach(err, "partial_trajectory", None, "no step had completed before this error: ")
+    else:
+        _attach(err, "partial_trajectory", partial, f"the {partial.num_steps} steps completed")
 
 
 def _attach(err: BaseException, name: str, value: Any, what: str) -> None:
     with contextlib.suppress(AttributeError):
         setattr(err, name, value)
-        err.add_note(f"jaxrunner: the {what} before this error are in err.{name}.")
+        if value is None:
+            err.add_note(f"jaxrunner: {what}err.{name} is None.")
+        else:
+            err.add_note(f"jaxrunner: {what} before this error are in err.{name}.")
