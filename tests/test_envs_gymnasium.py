@@ -273,6 +273,13 @@ def test_an_async_next_step_env_without_shared_memory_is_refused() -> None:
     assert env.closed
 
 
+def test_a_closed_vector_env_is_refused() -> None:
+    env = gymnasium.vector.SyncVectorEnv([functools.partial(gymnasium.make, "CartPole-v1")])
+    env.close()  # its CartPoles would still step: sampling went on silently
+    with pytest.raises(InvalidArgumentError, match=r"this SyncVectorEnv is closed; pass a new"):
+        jr.from_gymnasium(env)
+
+
 def test_make_vec_gymnasium_needs_an_id() -> None:
     refusal = r"registered gymnasium id.*build each sub-env themselves: 'sync'"
     with pytest.raises(InvalidArgumentTypeError, match=refusal):

@@ -83,6 +83,12 @@ class GymnasiumVectorEnv(InProcessSends, GymnasiumSubEnvs, WrappedOutputs, Vecto
             raise InvalidArgumentTypeError(
                 f"from_gymnasium(vector_env=...): {vector_wrapper_hint(env)}"
             )
+        if getattr(env, "closed", False) is True:  # (a closed SyncVectorEnv still steps)
+            self._closed_reason = "construction failed"
+            raise InvalidArgumentError(
+                f"from_gymnasium(vector_env=...): this {type(env).__name__} is closed; pass "
+                "a new one."
+            )
         # Any: Sync/AsyncVectorEnv (and envs that follow them) have call/get_attr/set_attr;
         # gymnasium's VectorEnv does not declare them.
         self.env: Any = env
