@@ -247,6 +247,23 @@ def test_python_dash_m_entry_point():
     assert "--num-envs" in done.stdout
 
 
+def test_bench_output_paths_are_checked_before_measuring(capsys, monkeypatch, tmp_path):
+    drawn = []
+    monkeypatch.setattr(bench, "run", lambda *a: {"results": []})  # measures nothing
+    monkeypatch.setattr(bench, "format_report", lambda report: "")
+    monkeypatch.setattr(plot, "title", lambda report: "")
+    monkeypatch.setattr(plot, "plot", lambda rows, title, path: drawn.append(path))
+    for flag in ("--out", "--plot"):  # a folder: refused before anything runs
+        monkeypatch.setattr(bench, "run", lambda *a: pytest.fail("measured"))
+        assert cli.main(["bench", flag, str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert f"{flag} {tmp_path} is a folder; give a file's path" in err
+    monkeypatch.setattr(bench, "run", lambda *a: {"results": []})
+    cli.main(["bench", "--plot", str(tmp_path / "fig")])  # matplotlib's own default suffix
+    assert drawn == [tmp_path / "fig.png"]
+    assert f"wrote {tmp_path / 'fig.png'}" in capsys.readouterr().err
+
+
 def test_bench_rejects_unknown_backend():
     with pytest.raises(SystemExit):
         cli.main(["bench", "--backend", "nope"])

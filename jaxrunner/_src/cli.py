@@ -45,8 +45,16 @@ def _bench(args: argparse.Namespace) -> int:
             flags += ", --backend (a host backend) or --env (none with --workload)"
         print(f"jaxrunner bench: {err} Check {flags}.", file=sys.stderr)
         return 2
+    for flag, path in (("--out", args.out), ("--plot", args.plot)):
+        if path is not None and path.is_dir():  # before a minute of measuring, not after
+            example = path / ("bench.png" if flag == "--plot" else "bench.json")
+            message = f"{flag} {path} is a folder; give a file's path, e.g. {example}."
+            print(f"jaxrunner bench: {message}", file=sys.stderr)
+            return 2
     if args.plot:
-        try:  # before a minute of measuring, not after
+        if not args.plot.suffix:  # what matplotlib would write (and say so)
+            args.plot = args.plot.with_suffix(".png")
+        try:
             plot.require_matplotlib()
         except MissingDependencyError as err:
             print(f"jaxrunner bench: {err}", file=sys.stderr)
