@@ -394,6 +394,8 @@ def test_token_file_is_private_and_checked(served, tmp_path):
     os.chmod(path, 0o644)
     with pytest.raises(errors.InvalidArgumentError, match="chmod 600"):
         PolicyServer(env, token_file=path)
+    with pytest.raises(errors.InvalidArgumentError, match="is a folder; give a file's path"):
+        PolicyClient(first.url, token_file=tmp_path)  # IsADirectoryError before
     with pytest.raises(errors.InvalidArgumentError, match="loopback"):
         ServerConfig(host="0.0.0.0", require_token=False)
     assert ServerConfig().host == "127.0.0.1"
@@ -500,11 +502,19 @@ def test_cli_serve_end_to_end(tmp_path):
         (["--port", "-1"], r"ServerConfig\(port=-1\): expected an int in \[0, 65535\]"),
         (["--env", "NoSuch-v0"], r"Environment `NoSuch` doesn't exist"),
         (["--max-batch", "0"], r"ExternalEnvConfig\(max_batch=0\): expected an int >= 1"),
+        (["--seed", "-1"], r"ExternalEnv\(seed=-1\): expected an int >= 0"),
+        (["--policy", "no_such_module:fn"], r"--policy 'no_such_module:fn': No module named"),
+        (["--policy", "os:no_such_fn"], r"--policy 'os:no_such_fn': module 'os' has no"),
+        (["--policy", "no_colon"], r"--policy 'no_colon': expected MODULE:FUNCTION"),
+        (["--token-file", "."], r"token file \. is a folder; give a file's path"),
     ],
 )
-def test_cli_serve_names_a_bad_flag_in_one_line(flags, message, capsys):
+def test_cli_serve_names_a_bad_flag_in_one_line(flags, message, capsys, tmp_path):
     from jaxrunner._src import cli
 
+    if flags[0] == "--token-file":  # (its mode was blamed: "chmod 600" on a folder)
+        flags = ["--token-file", str(tmp_path), "--port", "0"]
+        message = message.replace(r"\.", re.escape(str(tmp_path)))
     assert cli.main(["serve", *flags]) == 2  # a traceback before, nothing served
     err = capsys.readouterr().err
     assert re.fullmatch(rf"jaxrunner serve: .*{message}.*\n", err), err

@@ -22,7 +22,7 @@ def load_or_create_token(path: str | os.PathLike[str]) -> str:
     """The token stored at ``path``, refused if others can read the file (a token anyone
     can read protects nothing); a new random one (written with mode 0600) if the file
     does not exist."""
-    path = pathlib.Path(path)
+    path = _not_a_folder(path)
     if path.exists():
         mode = stat.S_IMODE(path.stat().st_mode)
         if mode & 0o077:
@@ -48,10 +48,19 @@ def load_or_create_token(path: str | os.PathLike[str]) -> str:
 
 def read_token(path: str | os.PathLike[str]) -> str:
     """The token in an existing token file (for clients)."""
-    token = pathlib.Path(path).read_text().strip()
+    token = _not_a_folder(path).read_text().strip()
     if not token:
         raise InvalidArgumentError(f"token file {path} is empty.")
     return token
+
+
+def _not_a_folder(path: str | os.PathLike[str]) -> pathlib.Path:
+    path = pathlib.Path(path)
+    if path.is_dir():  # (its mode would be blamed, or read_text raise IsADirectoryError)
+        raise InvalidArgumentError(
+            f"token file {path} is a folder; give a file's path, e.g. {path / 'serve-token'}."
+        )
+    return path
 
 
 def token_matches(header: str | None, token: str) -> bool:

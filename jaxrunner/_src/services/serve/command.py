@@ -9,7 +9,7 @@ import json
 import sys
 from typing import Any
 
-from jaxrunner.errors import JaxRunnerError
+from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
 
 
 def add_serve_command(commands: Any) -> None:
@@ -119,8 +119,14 @@ def _load_policy(spec: str | None, args: argparse.Namespace, obs_space: Any, act
         return policy, policy.init(jax.random.key(args.seed), obs_space)
     module_name, _, function = spec.partition(":")
     if not module_name or not function:
-        raise SystemExit(f"jaxrunner serve: --policy {spec!r}: expected MODULE:FUNCTION.")
-    return getattr(importlib.import_module(module_name), function)(obs_space, action_space)
+        raise InvalidArgumentError(f"--policy {spec!r}: expected MODULE:FUNCTION.")
+    try:
+        make = getattr(importlib.import_module(module_name), function)
+    except (ImportError, AttributeError) as err:  # the module's own errors come out whole
+        if isinstance(err, ImportError) and err.name not in (None, module_name):
+            raise
+        raise InvalidArgumentError(f"--policy {spec!r}: {err}.") from None
+    return make(obs_space, action_space)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -156,11 +162,16 @@ def run_serve(args: argparse.Namespace) -> int:
             max_body_bytes=args.max_body_bytes,
             max_connections=args.max_connections,
         )
+        env = ExternalEnv(obs_space, action_space, policy, params, seed=args.seed, config=config)
     except (JaxRunnerError, gymnasium.error.Error) as err:
         print(f"jaxrunner serve: {err}", file=sys.stderr)
         return 2
-    with ExternalEnv(obs_space, action_space, policy, params, seed=args.seed, config=config) as env:
-        server = PolicyServer(env, server_config)
+    with env:
+        try:  # the token file, the port
+            server = PolicyServer(env, server_config)
+        except JaxRunnerError as err:
+            print(f"jaxrunner serve: {err}", file=sys.stderr)
+            return 2
         info = {
             "url": server.url,
             "token_file": str(server.token_file),
