@@ -92,7 +92,7 @@ def read_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
     return scalars
 
 
-def test_writer_and_flatten_refuse_other_arguments_by_name() -> None:
+def test_writer_and_flatten_refuse_other_arguments_by_name(tmp_path) -> None:
     with pytest.raises(TypeError, match="callable"):
         jr.MetricsWriter("wandb")
     with pytest.raises(TypeError, match=r"flatten_metrics\(metrics=3\): expected a mapping"):
@@ -101,3 +101,6 @@ def test_writer_and_flatten_refuse_other_arguments_by_name() -> None:
         TypeError, match=r"MetricsWriter\(tensorboard_dir=3\): expected a file path"
     ):
         jr.MetricsWriter(tensorboard_dir=3)
+    (tmp_path / "a_file").write_text("")  # NotADirectoryError at its first event file before
+    with pytest.raises(ValueError, match=r"a_file'\): that is a file; give a folder"):
+        jr.MetricsWriter(tensorboard_dir=tmp_path / "a_file")

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from jaxrunner._src.arg_checks import check_int, check_path, refusal
-from jaxrunner.errors import InvalidArgumentTypeError, MissingDependencyError
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, MissingDependencyError
 
 Sink = Callable[..., Any]
 """Called as ``sink(flat_metrics, step=step)``: ``wandb.log`` and
@@ -106,6 +106,11 @@ class MetricsWriter:
         self._tensorboard = None
         if tensorboard_dir is not None:
             path = check_path("MetricsWriter", "tensorboard_dir", tensorboard_dir)
+            if os.path.exists(path) and not os.path.isdir(path):
+                raise InvalidArgumentError(
+                    f"MetricsWriter(tensorboard_dir={path!r}): that is a file; give a folder "
+                    "(created if missing), where TensorBoard's event files go."
+                )
             self._tensorboard = _summary_writer(path)
         self._writes = 0
 
