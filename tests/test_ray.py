@@ -680,6 +680,11 @@ def test_group_that_gives_up_raises_the_samples_that_came_and_marks_the_runner_d
         assert len(metrics["runner_failures"][1]) == 1 and metrics["num_healthy_runners"] == 1
         with pytest.raises(jr.errors.RunnerFailedError, match="max_restarts"):
             group.wait_until_healthy(1.0)
+        with pytest.raises(ValueError, match=r"wait_until_healthy\(timeout_s='1'\): expected"):
+            group.wait_until_healthy("1")  # (a raw TypeError of float + str before)
+    group.close()  # as a runner's: stop(), once more a no-op
+    with pytest.raises(jr.errors.ClosedError):
+        group.sample()
 
 
 class TestRayContract(jr.testing.VectorEnvContract):

@@ -11,6 +11,7 @@ from typing import Any
 import gymnasium
 import jax
 
+from jaxrunner._src.arg_checks import check_number
 from jaxrunner._src.backends.ray import import_ray
 from jaxrunner._src.connectors.moments import Moments, merge_all
 from jaxrunner._src.core.policy import Params
@@ -19,7 +20,12 @@ from jaxrunner._src.core.trajectory import Trajectory
 from jaxrunner._src.services.distributed.config import EnvRunnerGroupConfig, PolicyFactory
 from jaxrunner._src.services.distributed.group_metrics import aggregate_metrics
 from jaxrunner._src.services.distributed.worker import RunnerWorker
-from jaxrunner.errors import InvalidArgumentError, RemoteTimeoutError, RunnerFailedError
+from jaxrunner.errors import (
+    ClosedError,
+    InvalidArgumentError,
+    RemoteTimeoutError,
+    RunnerFailedError,
+)
 
 
 @dataclasses.dataclass
@@ -230,7 +236,8 @@ class EnvRunnerGroup:
         Raises:
             RemoteTimeoutError: not within ``timeout_s``.
         """
-        deadline = time.monotonic() + timeout_s
+        where = "EnvRunnerGroup.wait_until_healthy"
+        deadline = time.monotonic() + check_number(where, "timeout_s", timeout_s, hint="seconds")
         while True:
             self._poll_restored()
             down = [s for s in self._slots if not s.healthy]
@@ -263,6 +270,10 @@ class EnvRunnerGroup:
             ray.get([s.actor.stop.remote() for s in self._slots], timeout=10)
         for slot in self._slots:
             _kill(ray, slot.actor)
+
+    def close(self) -> None:
+        """:meth:`stop` (the name ``EnvRunner`` and gymnasium's envs answer to as well)."""
+        self.stop()
 
     def __enter__(self) -> EnvRunnerGroup:
         return self
@@ -354,8 +365,6 @@ class EnvRunnerGroup:
 
     def _check_open(self, what: str) -> None:
         if self._closed:
-            from jaxrunner.errors import ClosedError
-
             raise ClosedError(
                 f"EnvRunnerGroup.{what}() called after stop(); create a new EnvRunnerGroup."
             )
