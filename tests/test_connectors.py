@@ -471,6 +471,19 @@ def test_connector_state_is_part_of_the_checkpoint(tmp_path):
         jr.testing.assert_trees_equal(actual, expected, "sample after restore")
 
 
+def test_a_checkpoint_with_connector_state_names_it_in_a_runner_without_connectors(tmp_path):
+    path = tmp_path / "runner.npz"
+    normalize = C.Connectors(obs=[C.NormalizeObservation()])  # the policy's space unchanged
+    with make_runner(jr.make_vec(short_cartpole, 3, "sync"), normalize, 10, 4) as runner:
+        runner.sample()
+        runner.save(path)
+    with (  # was refused as a damaged file ("a member that no field references")
+        make_runner(jr.make_vec(short_cartpole, 3, "sync"), C.Connectors(), 10, 4) as bare,
+        pytest.raises(InvalidArgumentError, match=r"holds connector state \('.*connectors/"),
+    ):
+        bare.restore(path)
+
+
 def test_a_state_without_the_reward_connectors_state_is_refused_by_name():
     # Typed Optional and once used unchecked: the reward connector got None and failed
     # deep inside with an error naming neither the state nor the fix.

@@ -314,6 +314,12 @@ class CheckpointReader:
         live = ["live_episodes"] if meta.get("live_episodes") is True else []
         pickles = {*(f"envs/{i}" for i in range(meta["num_envs"])), *live}
         other = sorted(set(npz.unread()) - (pickles if meta["envs"] == "pickle" else set()))
+        state = [m for m in other if "connectors/" in m]
+        if state:  # a runner saved with connectors, restored into one without (or fewer)
+            raise self.error(
+                f"holds connector state ({state[0]!r}) that this runner has no connector "
+                "for: build it with the connectors it was saved with"
+            )
         if other:
             raise self.error(
                 f"has a member {other[0]!r} that no field references ({len(other)} such "
