@@ -758,8 +758,8 @@ def test_evaluate_takes_any_leading_batch_shape(name: str) -> None:
             np.testing.assert_allclose(value[t], step, rtol=1e-5, atol=1e-6)
     flat = policy.evaluate(params, obs.reshape(3 * B, 4), action.reshape(3 * B, *action.shape[2:]))
     np.testing.assert_allclose(scored["log_prob"].reshape(-1), flat["log_prob"], rtol=1e-6)
-    with pytest.raises(jr.errors.InvalidArgumentError, match="leading batch shape"):
-        policy.evaluate(params, obs[:2], action)
+    with pytest.raises(jr.errors.InvalidArgumentError, match=r"leading batch shape \(3, "):
+        policy.evaluate(params, obs[:2], action)  # the batch is the actions' (named so)
 
 
 def test_value_takes_any_leading_batch_shape() -> None:

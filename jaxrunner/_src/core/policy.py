@@ -119,7 +119,9 @@ class Policy:
                 "batch of actions (e.g. action[None] for one)."
             )
         fn = self.evaluate_fn
-        return _over_batch(lambda o, c, a: fn(params, o, c, a), batch_ndim, obs, carry, action)
+        source = f"of the actions, {batch_ndim} axes before the action space's {self.action_ndim}"
+        trees = (action, obs, carry)  # the batch is read off the actions, named in errors
+        return _over_batch(lambda a, o, c: fn(params, o, c, a), batch_ndim, *trees, source=source)
 
     def distribution(
         self, params: Params, obs: Any, carry: Carry = None
@@ -330,9 +332,12 @@ def _init_linen(module: Any, key: jax.Array, *inputs: Any) -> Params:
     return module.init(key, *inputs)
 
 
-def _over_batch(fn: Callable[..., Any], batch_ndim: int, *trees: Any) -> Any:
+def _over_batch(
+    fn: Callable[..., Any], batch_ndim: int, *trees: Any, source: str = "of the first input"
+) -> Any:
     """``fn`` (written for one batch axis) on ``trees`` with ``batch_ndim`` leading batch
-    axes, flattened into one and restored on each output leaf."""
+    axes (those of the first leaf: ``source`` says whose), flattened into one and
+    restored on each output leaf."""
     if batch_ndim == 1:
         return fn(*trees)
     leaves = jax.tree.leaves(trees)
@@ -340,9 +345,9 @@ def _over_batch(fn: Callable[..., Any], batch_ndim: int, *trees: Any) -> Any:
     for leaf in leaves:
         if tuple(jnp.shape(leaf)[:batch_ndim]) != batch or jnp.ndim(leaf) < batch_ndim:
             raise InvalidArgumentError(
-                f"Policy: expected every input with the leading batch shape {batch} (from "
-                f"the first), got one of shape {jnp.shape(leaf)}. Pass obs, action and "
-                "carry with the same leading axes."
+                f"Policy: expected every input with the leading batch shape {batch} ({source}),"
+                f" got one of shape {jnp.shape(leaf)}. Pass obs, action and carry with the "
+                "same leading axes."
             )
     size = int(np.prod(batch))
 
