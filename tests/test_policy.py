@@ -644,6 +644,16 @@ def test_init_without_init_fn() -> None:
         policy.init(jax.random.key(0), OBS_SPACE)
 
 
+def test_init_takes_a_key_and_names_anything_else() -> None:
+    policy, _, _ = build("discrete")
+    old_style = policy.init(jax.random.PRNGKey(1), OBS_SPACE)  # a raw uint32[2] key
+    typed = policy.init(jax.random.wrap_key_data(jax.random.PRNGKey(1)), OBS_SPACE)
+    jax.tree.map(np.testing.assert_array_equal, old_style, typed)
+    for bad in (0, "key", np.zeros(2, np.int32)):  # flax's InvalidRngError before
+        with pytest.raises(TypeError, match=r"Policy.init\(key=.*expected a JAX random key"):
+            policy.init(bad, OBS_SPACE)
+
+
 # -- learner glue: value, distribution, deterministic() -------------------------------------
 
 

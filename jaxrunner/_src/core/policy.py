@@ -184,6 +184,10 @@ class Policy:
                 "init_fn=(key, obs, carry) -> params."
             )
         check_space("Policy.init", "observation_space", observation_space)
+        if not _is_key(key):  # (an int reached flax as "RNGs should be of shape (2,)")
+            raise InvalidArgumentTypeError(
+                f"Policy.init(key={key!r:.40}): expected a JAX random key, e.g. jax.random.key(0)."
+            )
         return self.init_fn(key, dummy_obs(observation_space), self.batched_carry(1))
 
     def recording_carry(self, name: str = "carry") -> Policy:
@@ -317,6 +321,16 @@ def _recent(
     while len(table) > _MAX_KEPT:
         del table[next(iter(table))]
     return kept
+
+
+def _is_key(key: Any) -> bool:
+    """A typed key (``jax.random.key``), or a raw one (``PRNGKey``: ``uint32[2]``, or
+    ``uint32[4]`` for the rbg implementations)."""
+    if not isinstance(key, jax.Array | np.ndarray):
+        return False
+    return jnp.issubdtype(key.dtype, jax.dtypes.prng_key) or (
+        key.dtype == jnp.uint32 and key.ndim == 1
+    )
 
 
 def _same_space(a: spaces.Space, b: spaces.Space) -> bool:
