@@ -27,7 +27,9 @@ def check_params_like(current: Params, new: Params, what: str) -> None:
         )
 
 
-def refuse_every_policys(new: Params, policy_ids: Collection[str], like: Params, what: str) -> None:
+def refuse_params_by_policy_id(
+    new: Params, policy_ids: Collection[str], like: Params, what: str
+) -> None:
     """Refuses a dict keyed by policy ids (as runners are built with, and as
     ``EnvRunnerGroup.set_params`` takes) where one policy's params ``like`` are expected."""
     if (

@@ -18,7 +18,7 @@ from jaxrunner._src.connectors.per_group import GroupConnectors
 from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.core.metrics import MetricsConfig
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
-from jaxrunner._src.core.params import put_params, refuse_every_policys
+from jaxrunner._src.core.params import put_params, refuse_params_by_policy_id
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.core.runner_state import RunnerState
 from jaxrunner._src.core.trajectory import Trajectory
@@ -243,7 +243,7 @@ class EnvRunner:
             params, policy_id = policy_id, params
         pid = check_policy_id(self, "set_params", policy_id)
         what = f"{type(self).__name__}.set_params(params, {pid!r})"
-        refuse_every_policys(params, self.state.params, self.state.params[pid], what)
+        refuse_params_by_policy_id(params, self.state.params, self.state.params[pid], what)
         self.state.params[pid] = put_params(params, what, like=self.state.params[pid])
 
     def get_params(self, policy_id: str | None = None) -> Params:

@@ -255,25 +255,21 @@ def params_error(
     if not wrong_params or isinstance(err, InvalidArgumentTypeError | jax.errors.JAXTypeError):
         return None
     for g in groups:  # each group's policy traced abstractly on one row of its params
-        policy, space = policies[g.policy_id], g.observation_space
-        seen = connectors[g.policy_id].observation_space if g.policy_id in connectors else None
-        for obs_space in (space, seen(space) if seen else None):
-            if obs_space is None:
-                continue
-            try:
-                jax.eval_shape(
-                    policy.apply_fn, *one_row_args(policy, params[g.policy_id], obs_space)
-                )
-            except Exception:
-                init = "envs.single_observation_space"
-                if obs_space is not space:  # the env's observations fit, the connectors' not
-                    init = f"connectors.observation_space({init})"
-                return InvalidArgumentError(
-                    f"EnvRunner(params=...): the policy could not be applied to these params "
-                    f"on the observations it sees ({type(obs_space).__name__} of shape "
-                    f"{obs_space.shape}; {type(err).__name__}: {err}). "
-                    f"Pass params initialised on those: policy.init(jax.random.key(0), {init})."
-                )
+        policy, seen = policies[g.policy_id], g.observation_space
+        init = "envs.single_observation_space"
+        if g.policy_id in connectors:  # what the policy sees: the connectors' output
+            seen = connectors[g.policy_id].observation_space(seen)
+            init = f"connectors.observation_space({init})"
+        try:
+            jax.eval_shape(policy.apply_fn, *one_row_args(policy, params[g.policy_id], seen))
+        except Exception:
+            shape = "" if seen.shape is None else f" of shape {seen.shape}"
+            return InvalidArgumentError(
+                f"EnvRunner(params=...): the policy could not be applied to these params on "
+                f"the observations it sees ({type(seen).__name__}{shape}; "
+                f"{type(err).__name__}: {err}). Pass params initialised on those: "
+                f"policy.init(jax.random.key(0), {init})."
+            )
     err.add_note(
         "EnvRunner: the policy applies to these params; this came from building "
         "the rest of the step (a pure-JAX env's functions and its env params?)."

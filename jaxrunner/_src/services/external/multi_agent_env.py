@@ -14,7 +14,7 @@ import jaxrunner._src.services.external.checks as checks
 from jaxrunner._src.arg_checks import check_bool
 from jaxrunner._src.core.agent_groups import PolicyMappingFn, build_groups
 from jaxrunner._src.core.episode import AgentEpisode, Episode
-from jaxrunner._src.core.params import refuse_every_policys
+from jaxrunner._src.core.params import refuse_params_by_policy_id
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.services.external.config import ExternalEnvConfig
 from jaxrunner._src.services.external.core import ExternalEnvCore
@@ -184,7 +184,7 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
         runner's ``set_params``.)"""
         what = f"{type(self).__name__}.set_params(params, {policy_id!r})"
         batcher = self._batcher(policy_id, "set_params")
-        refuse_every_policys(params, self.policy_ids, batcher.get_params()[0], what)
+        refuse_params_by_policy_id(params, self.policy_ids, batcher.get_params()[0], what)
         return batcher.set_params(params, what)
 
     def get_params(self, policy_id: str | None = None) -> tuple[Params, int]:

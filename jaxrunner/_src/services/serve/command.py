@@ -123,7 +123,8 @@ def _load_policy(spec: str | None, args: argparse.Namespace, obs_space: Any, act
     try:
         make = getattr(importlib.import_module(module_name), function)
     except (ImportError, AttributeError) as err:  # the module's own errors come out whole
-        if isinstance(err, ImportError) and err.name not in (None, module_name):
+        missing = getattr(err, "name", None) or ""  # ImportError: the module not found
+        if isinstance(err, ImportError) and not f"{module_name}.".startswith(f"{missing}."):
             raise
         raise InvalidArgumentError(f"--policy {spec!r}: {err}.") from None
     return make(obs_space, action_space)
