@@ -261,6 +261,8 @@ def test_one_compile_per_runner_and_new_statistics_never_retrace():
         state = runner.get_connector_state()
         with pytest.raises(InvalidArgumentError, match="has 1 running statistics, got 0"):
             C.set_statistics(state, [])  # was a bare IndexError
+        with pytest.raises(InvalidArgumentError, match=r"stats\[0\] must be a Moments"):
+            C.set_statistics(state, [C.Moments.of(np.ones((5, 3)))])  # was taken as it was
         runner.set_connector_state(C.set_statistics(state, [C.Moments.of(np.ones((5, 4)))]))
         runner.set_params(runner.get_params())
         runner.sample()

@@ -169,7 +169,13 @@ def set_statistics(state: S, stats: Sequence[Moments]) -> S:
         )
 
     def put(x: RunningMoments) -> RunningMoments:
-        new = queue.pop(0)
+        new, i = queue.pop(0), wanted - len(queue) - 1
+        shapes = jax.tree.map(jnp.shape, x.stats)
+        if not isinstance(new, Moments) or jax.tree.map(jnp.shape, new) != shapes:
+            raise InvalidArgumentError(
+                f"set_statistics: stats[{i}] must be a Moments of the shapes of the state's "
+                f"({shapes}), got {type(new).__name__}; pass merged statistics of this pipeline."
+            )
         return x.replace(stats=new, delta=jax.tree.map(jnp.zeros_like, new))
 
     return _map_running(state, put)
