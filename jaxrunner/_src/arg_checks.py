@@ -93,6 +93,15 @@ def check_path(where: str, name: str, value: Any) -> str:
     return os.fspath(value)
 
 
+def check_not_folder(path: str | os.PathLike[str], said: str, example: str) -> None:
+    """Refuses a file ``path`` that is a folder, before anything is written: ``said`` names
+    it (``"token file /x"``), ``example`` is a file name to suggest in it."""
+    if os.path.isdir(path):
+        raise InvalidArgumentError(
+            f"{said} is a folder; give a file's path, e.g. {os.path.join(path, example)}."
+        )
+
+
 def check_space(where: str, name: str, value: Any) -> spaces.Space:
     """``value`` if it is a gymnasium space; anything else refused by name."""
     if not isinstance(value, spaces.Space):

@@ -12,6 +12,7 @@ from typing import Any
 
 from jaxrunner import __version__
 from jaxrunner._src import bench
+from jaxrunner._src.arg_checks import check_not_folder
 from jaxrunner._src.bench import plot
 from jaxrunner._src.bench.workloads import WORKLOADS
 from jaxrunner._src.services.serve.command import add_serve_command
@@ -45,12 +46,14 @@ def _bench(args: argparse.Namespace) -> int:
             flags += ", --backend (a host backend) or --env (none with --workload)"
         print(f"jaxrunner bench: {err} Check {flags}.", file=sys.stderr)
         return 2
-    for flag, path in (("--out", args.out), ("--plot", args.plot)):
-        if path is not None and path.is_dir():  # before a minute of measuring, not after
-            example = path / ("bench.png" if flag == "--plot" else "bench.json")
-            message = f"{flag} {path} is a folder; give a file's path, e.g. {example}."
-            print(f"jaxrunner bench: {message}", file=sys.stderr)
-            return 2
+    outputs = (("--out", args.out, "bench.json"), ("--plot", args.plot, "bench.png"))
+    try:  # before a minute of measuring, not after
+        for flag, path, example in outputs:
+            if path is not None:
+                check_not_folder(path, f"{flag} {path}", example)
+    except InvalidArgumentError as err:
+        print(f"jaxrunner bench: {err}", file=sys.stderr)
+        return 2
     if args.plot:
         if not args.plot.suffix:  # what matplotlib would write (and say so)
             args.plot = args.plot.with_suffix(".png")

@@ -17,6 +17,7 @@ from typing import Any, Self
 
 import numpy as np
 
+from jaxrunner._src.arg_checks import check_not_folder
 from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
 
 NUMERIC_KINDS = "biufc"
@@ -32,11 +33,7 @@ def write_npz(path: str, arrays: dict[str, np.ndarray], where: str) -> None:
     ``"EnvRunner.save"``, names the call in errors): aside, then renamed, so a crash
     mid-write leaves an earlier file at ``path`` whole."""
     folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise InvalidArgumentError(
-            f"{where}({path!r}): that is a folder; give a file's path in it, e.g. "
-            f"{os.path.join(path, 'file.npz')!r}."
-        )
+    check_not_folder(path, f"{where}({path!r}): that", "file.npz")
     if not os.path.isdir(folder):
         raise InvalidArgumentError(
             f"{where}({path!r}): the folder {folder!r} does not exist; create it first "

@@ -54,22 +54,22 @@ def attach_episodes(err: BaseException, episodes: list) -> None:
     """Puts the complete episodes sampled before ``err`` (if any) in
     ``err.partial_episodes``, with a note saying so."""
     if episodes:
-        _attach(err, "partial_episodes", episodes, f"the {len(episodes)} complete episodes sampled")
+        held = f"the {len(episodes)} complete episodes sampled before this error are in"
+        _attach(err, "partial_episodes", episodes, f"{held} err.partial_episodes")
 
 
 def attach_partial(err: BaseException, partial: MultiAgentTrajectory | None) -> None:
     """Puts the steps collected before ``err`` in ``err.partial_trajectory``, with a
     note saying so (exceptions that refuse new attributes are left as they are)."""
     if partial is None:
-        _attach(err, "partial_trajectory", None, "no step had completed before this error: ")
+        note = "no step had completed before this error: err.partial_trajectory is None"
     else:
-        _attach(err, "partial_trajectory", partial, f"the {partial.num_steps} steps completed")
+        held = f"the {partial.num_steps} steps completed before this error are in"
+        note = f"{held} err.partial_trajectory"
+    _attach(err, "partial_trajectory", partial, note)
 
 
-def _attach(err: BaseException, name: str, value: Any, what: str) -> None:
+def _attach(err: BaseException, name: str, value: Any, note: str) -> None:
     with contextlib.suppress(AttributeError):
         setattr(err, name, value)
-        if value is None:
-            err.add_note(f"jaxrunner: {what}err.{name} is None.")
-        else:
-            err.add_note(f"jaxrunner: {what} before this error are in err.{name}.")
+        err.add_note(f"jaxrunner: {note}.")

@@ -9,6 +9,7 @@ import pathlib
 import secrets
 import stat
 
+from jaxrunner._src.arg_checks import check_not_folder
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -55,12 +56,9 @@ def read_token(path: str | os.PathLike[str]) -> str:
 
 
 def _not_a_folder(path: str | os.PathLike[str]) -> pathlib.Path:
-    path = pathlib.Path(path)
-    if path.is_dir():  # (its mode would be blamed, or read_text raise IsADirectoryError)
-        raise InvalidArgumentError(
-            f"token file {path} is a folder; give a file's path, e.g. {path / 'serve-token'}."
-        )
-    return path
+    # (a folder's mode would be blamed, or read_text raise IsADirectoryError)
+    check_not_folder(path, f"token file {path}", "serve-token")
+    return pathlib.Path(path)
 
 
 def token_matches(header: str | None, token: str) -> bool:
