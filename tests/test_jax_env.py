@@ -406,6 +406,16 @@ def test_bad_input_errors():
 
     with pytest.raises(InvalidArgumentError, match=r"Sized.observation_space\(env_params\)"):
         jr.JaxVectorEnv(Sized(), WalkParams(), 2)
+
+    class Unconvertible(RandomWalk):  # neither a Discrete nor a Box
+        def observation_space(self, params):
+            return object()
+
+    with pytest.raises(TypeError, match=r"^JaxVectorEnv: cannot convert observation_space \("):
+        jr.JaxVectorEnv(Unconvertible(), None, 2)
+    # Called by hand, the refusal names the function, not a class that was not used.
+    with pytest.raises(TypeError, match=r"^to_gymnasium_space: cannot convert space \(3\)"):
+        jr.multi_agent.to_gymnasium_space(3)
     venv = jr.JaxVectorEnv(RandomWalk(), None, 2)
     with pytest.raises(InvalidArgumentError, match="no per-env objects"):
         venv.get_sub_environments()

@@ -399,6 +399,16 @@ def test_split_episodes_accepts_device_arrays() -> None:
             np.testing.assert_array_equal(g, w)
 
 
+def test_time_slice_takes_python_slice_ints_and_refuses_others() -> None:
+    traj = _hand_trajectory()
+    assert_trees_equal(traj.time_slice(-2, 5), traj.time_slice(3, 5))
+    assert traj.time_slice(np.int64(1), 3).num_steps == 2
+    for start, stop, name in ((1.5, 3, "start"), (0, "3", "stop"), (True, 3, "start")):
+        refused = rf"Trajectory.time_slice\({name}="
+        with pytest.raises(jr.errors.InvalidArgumentError, match=refused):
+            traj.time_slice(start, stop)
+
+
 def test_split_episodes_of_empty_trajectory() -> None:
     assert _hand_trajectory().time_slice(3, 3).split_episodes() == []
 

@@ -127,17 +127,23 @@ def functions_of(env: Any) -> FunctionalEnv:
     )
 
 
-def to_gymnasium_space(space: Any, where: str = "space") -> spaces.Space:
+def to_gymnasium_space(
+    space: Any, where: str = "space", caller: str = "to_gymnasium_space"
+) -> spaces.Space:
     """A gymnasium space equal to a gymnax or JaxMARL (or duck-typed) space: ``Discrete``
     (has ``n``), ``Box`` (has ``low``/``high``/``shape``; ``dtype`` float32 if absent),
-    ``Dict`` or ``Tuple``; a gymnasium space as it is."""
+    ``Dict`` or ``Tuple``; a gymnasium space as it is. ``caller`` opens the refusal."""
     if isinstance(space, spaces.Space):
         return space
     inner = getattr(space, "spaces", None)
     if isinstance(inner, dict):
-        return spaces.Dict({k: to_gymnasium_space(v, f"{where}[{k!r}]") for k, v in inner.items()})
+        return spaces.Dict(
+            {k: to_gymnasium_space(v, f"{where}[{k!r}]", caller) for k, v in inner.items()}
+        )
     if isinstance(inner, (list, tuple)):
-        return spaces.Tuple([to_gymnasium_space(v, f"{where}[{j}]") for j, v in enumerate(inner)])
+        return spaces.Tuple(
+            [to_gymnasium_space(v, f"{where}[{j}]", caller) for j, v in enumerate(inner)]
+        )
     if hasattr(space, "n") and not hasattr(space, "low"):
         return spaces.Discrete(int(space.n))
     if all(hasattr(space, a) for a in ("low", "high", "shape")):
@@ -147,7 +153,7 @@ def to_gymnasium_space(space: Any, where: str = "space") -> spaces.Space:
         high = np.broadcast_to(np.asarray(space.high, dtype=dtype), shape)
         return spaces.Box(low, high, shape, dtype)
     raise InvalidArgumentTypeError(
-        f"JaxVectorEnv: cannot convert {where} ({space!r:.80}) to a gymnasium space; "
+        f"{caller}: cannot convert {where} ({space!r:.80}) to a gymnasium space; "
         "expected a Discrete (with n), a Box (with low, high, shape, dtype), or a Dict or "
         "Tuple of them. For a gymnax env, pass observation_space=/action_space= as "
         "gymnasium spaces."

@@ -162,8 +162,12 @@ class JaxVectorEnv(GroupedAgents):
         self.env, self.functions, self.params, self.num_envs = env, None, None, num_envs
         self.groups = build_groups(
             list(env.agents),
-            lambda a: to_gymnasium_space(env.observation_space(a), f"observation_space({a!r})"),
-            lambda a: to_gymnasium_space(env.action_space(a), f"action_space({a!r})"),
+            lambda a: to_gymnasium_space(
+                env.observation_space(a), f"observation_space({a!r})", "JaxVectorEnv"
+            ),
+            lambda a: to_gymnasium_space(
+                env.action_space(a), f"action_space({a!r})", "JaxVectorEnv"
+            ),
             policy_mapping_fn,
         )
         obs = jax.eval_shape(env.reset, jax.random.key(0))[0]
@@ -268,7 +272,7 @@ class JaxVectorEnv(GroupedAgents):
                 f"({type(err).__name__}: {err}); pass this env's params "
                 "(env.default_params, or env_params=None for them)."
             ) from err
-        return to_gymnasium_space(space, name)
+        return to_gymnasium_space(space, name, "JaxVectorEnv")
 
     def _check_reset_obs(self, obs: Any, space: spaces.Space, agent: str | None = None) -> None:
         """Invariant 6: the env's observations (``obs``: what ``reset`` returns, shapes

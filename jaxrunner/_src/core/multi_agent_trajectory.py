@@ -152,9 +152,9 @@ class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
         env_level = concatenate_leaves([p.replace(groups={}) for p in parts], axis)
         return env_level.replace(groups=groups)
 
-    def time_slice(self, start: int, stop: int) -> MultiAgentTrajectory:
-        env_level = super(MultiAgentTrajectory, self.replace(groups={})).time_slice(start, stop)
-        groups = {p: g.time_slice(start, stop) for p, g in self.groups.items()}
+    def _time_slice(self, start: int, stop: int) -> MultiAgentTrajectory:
+        env_level = super(MultiAgentTrajectory, self.replace(groups={}))._time_slice(start, stop)
+        groups = {p: g._time_slice(start, stop) for p, g in self.groups.items()}
         return env_level.replace(groups=groups)
 
     def env_rows(self, name: str, steps: slice, env: int) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Self, TypeVar
@@ -12,7 +13,7 @@ from typing import Any, ClassVar, Self, TypeVar
 import jax
 import numpy as np
 
-from jaxrunner._src.arg_checks import check_path
+from jaxrunner._src.arg_checks import check_int, check_path
 from jaxrunner._src.core import next_obs_store
 from jaxrunner._src.core.next_obs_store import FinalObs
 from jaxrunner._src.core.npz_file import write_npz
@@ -61,7 +62,14 @@ class TimeMajor:
         return jax.tree.map(np.asarray, jax.device_get(self))
 
     def time_slice(self, start: int, stop: int) -> Self:
-        """Steps ``start:stop`` of every field."""
+        """Steps ``start:stop`` of every field (as a Python slice: negative ints count
+        from the end)."""
+        where = f"{type(self).__name__}.time_slice"
+        for name, value in (("start", start), ("stop", stop)):
+            check_int(where, name, value, low=-math.inf)
+        return self._time_slice(int(start), int(stop))
+
+    def _time_slice(self, start: int, stop: int) -> Self:
         return jax.tree.map(lambda x: x[start:stop], self)
 
     @classmethod
@@ -215,12 +223,12 @@ class StoredNextObs(TimeMajor):
             store = next_obs_store.concatenate_envs(stores, rows)
         return joined.replace(next_obs_store=store)
 
-    def time_slice(self, start: int, stop: int) -> Self:
+    def _time_slice(self, start: int, stop: int) -> Self:
         if not self.is_compact:
-            return super().time_slice(start, stop)
+            return super()._time_slice(start, stop)
         start, stop, _ = slice(start, stop).indices(self.num_steps)
         if stop <= start:
-            return self.dense().time_slice(start, stop)
+            return self.dense()._time_slice(start, stop)
         store = self.next_obs_store
         rows = int(np.prod(np.shape(self.reward)[1:]))
         sliced = next_obs_store.time_slice(self.obs, store, rows, start, stop, self._turns())
