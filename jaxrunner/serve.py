@@ -4,7 +4,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jaxrunner._src.services.serve.client import MultiAgentPolicyClient, PolicyClient
+    from jaxrunner._src.services.serve.client_http import PolicyServerError, ReportError
+    from jaxrunner._src.services.serve.config import ServerConfig
+    from jaxrunner._src.services.serve.server import PolicyServer
 
 _EXPORTS = {
     "PolicyServer": "jaxrunner._src.services.serve.server",
@@ -15,7 +21,14 @@ _EXPORTS = {
     "ReportError": "jaxrunner._src.services.serve.client_http",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "MultiAgentPolicyClient",
+    "PolicyClient",
+    "PolicyServer",
+    "PolicyServerError",
+    "ReportError",
+    "ServerConfig",
+]
 
 
 def __getattr__(name: str) -> Any:
