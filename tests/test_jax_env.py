@@ -429,6 +429,40 @@ def test_bad_input_errors():
         jr.EnvRunner(venv, box_policy, params, 4, 0)
 
 
+def test_an_action_outside_the_space_fails_the_sample_at_its_step():
+    """The host loop refuses such an action before the env steps; the compiled scan cannot
+    stop, so the sample is refused after it, with the steps before the action."""
+
+    def two_at_step_3(params, obs, carry, keys):  # obs[:, 1] is the episode's step
+        return jnp.where(obs[:, 1] == 3, 2, 0), {}, carry
+
+    venv = jr.JaxVectorEnv(RandomWalk(), WalkParams(threshold=1e9, max_steps_in_episode=99), 2)
+    with jr.EnvRunner(venv, jr.Policy(two_at_step_3), {}, 8, seed=0) as runner:
+        with pytest.raises(
+            jr.errors.InvalidActionError,
+            match=r"sub-env 0's action 2 at step 3 of this sample is outside Discrete\(2\)",
+        ) as caught:
+            runner.sample()
+        partial = caught.value.partial_trajectory.to_numpy()
+        assert partial.num_steps == 3 and not partial.action.any()
+        np.testing.assert_array_equal(partial.step, [[0, 0], [1, 1], [2, 2]])
+        with pytest.raises(jr.errors.RunnerFailedError):
+            runner.sample()
+    # At the first step: no step before it.
+    with (
+        jr.EnvRunner(
+            jr.JaxVectorEnv(RandomWalk(), num_envs=2),
+            jr.Policy(lambda params, obs, carry, keys: (jnp.full(len(obs), -1), {}, carry)),
+            {},
+            4,
+            seed=0,
+        ) as runner,
+        pytest.raises(jr.errors.InvalidActionError) as caught,
+    ):
+        runner.sample()
+    assert caught.value.partial_trajectory is None
+
+
 # -- gymnax -----------------------------------------------------------------------------------
 
 

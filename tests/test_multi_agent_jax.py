@@ -193,6 +193,47 @@ def test_box_actions_reach_the_env_clipped_and_are_recorded_as_sampled():
     np.testing.assert_array_equal(group.next_obs, np.ones((3, 2, 2, 2)))
 
 
+class DriftFromOne(Drift):
+    """Drift with actions 1 to 3: a done agent's recorded action, 0, is outside."""
+
+    def action_space(self, agent: str) -> spaces.Discrete:
+        return spaces.Discrete(3, start=1)
+
+
+def test_an_acting_agents_action_outside_its_space_fails_the_sample_at_its_step():
+    """Drift's x0 is done after 3 steps and waits for x1: its actions then are not the
+    env's, and are not checked; an acting agent's bad action fails the sample."""
+
+    def bad(agent, step, value):
+        def apply_fn(params, obs, carry, keys):  # obs: [step, position, agent index]
+            hit = (obs[:, 2] == agent) & (obs[:, 0] >= step)
+            return jnp.where(hit, value, 1), {}, carry
+
+        return jr.Policy(apply_fn)
+
+    envs = lambda: jr.multi_agent.JaxMultiAgentVectorEnv(DriftFromOne(), 2)  # noqa: E731
+    with jr.EnvRunner(envs(), bad(0, 3, 9), {}, 12, seed=0) as runner:  # x0's, once done
+        assert not runner.sample().groups["policy_0"].valid.all()
+    with (
+        jr.EnvRunner(envs(), bad(1, 2, 9), {}, 12, seed=0) as runner,
+        pytest.raises(
+            jr.errors.InvalidActionError,
+            match=r"sub-env 0 agent 'x1''s action 9 at step 2 of this sample is outside",
+        ) as caught,
+    ):
+        runner.sample()
+    assert caught.value.partial_trajectory.num_steps == 2
+
+    def nan(params, obs, carry, keys):  # a float action that is not finite
+        return jnp.full((keys.shape[0], 2), jnp.nan), {}, carry
+
+    with (
+        jr.EnvRunner(jr.JaxVectorEnv(Echo(), num_envs=2), jr.Policy(nan), {}, 3, 0) as runner,
+        pytest.raises(jr.errors.InvalidActionError, match=r"'a0''s action \[nan, nan\] at step 0"),
+    ):
+        runner.sample()
+
+
 def test_one_agent_env_is_one_group_of_one_agent():
     """The scan sampler run as groups on a one-agent JaxVectorEnv: its one group holds the
     EnvRunner's trajectory with an agent axis of one, bit for bit."""

@@ -12,6 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from gymnasium import spaces
 
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.connectors.pipeline import ConnectorsState
@@ -20,14 +21,16 @@ from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
 from jaxrunner._src.core.policy import Params
 from jaxrunner._src.samplers.episode_ids import SampleCounts, agent_episode_ends
 from jaxrunner._src.samplers.policy_step import initial_actor_state
-from jaxrunner._src.samplers.sampler import SamplerSetup, StepProgress
+from jaxrunner._src.samplers.sampler import SamplerSetup, StepProgress, attach_partial
 from jaxrunner._src.samplers.scan_rollout import (
     RolloutState,
     actors_of,
+    bad_actions,
     initial_state,
     rollout,
     with_actors,
 )
+from jaxrunner.errors import InvalidActionError
 
 
 def episode_counts(ends: np.ndarray, window: int, num_env_steps: int) -> SampleCounts:
@@ -118,14 +121,15 @@ class ScanSampler:
         """One rollout; the returns and lengths of the episodes that ended, in step
         order then env order, go to the metrics (the sample's one transfer)."""
         start_time = time.perf_counter()
-        self._state, out, ends = self._run(params, self._state, self._env_params)
+        self._state, out, ends, any_bad = self._run(params, self._state, self._env_params)
         num_steps, num_envs = self.rollout_length, self.envs.num_envs
         window = self.metrics.episodes.window
         if self._running is None:
-            # The one transfer of a sample(), allowed by name; a view where the device is
-            # the host CPU (device_get copied it: ~0.1 ms a sample at 8 x 4096).
+            # The sample's transfers, allowed by name; views where the device is the host
+            # CPU (device_get copied them: ~0.1 ms a sample at 8 x 4096).
             with jax.transfer_guard_device_to_host("allow"):
                 ends = np.asarray(ends)
+                self._refuse_bad_actions(np.asarray(any_bad), out)
             self.metrics.add(episode_counts(ends, window, num_steps * num_envs))
             self.metrics.sample_time_s += time.perf_counter() - start_time
             return out
@@ -133,12 +137,24 @@ class ScanSampler:
         host = jax.device_get(
             {
                 "ends": ends,
+                "any_bad": any_bad,
                 "env": env,
                 "groups": {
                     pid: (g.reward, g.valid, g.terminated, g.truncated) for pid, g in groups.items()
                 },
             }
         )
+        shape = (num_steps, num_envs)
+        traj = MultiAgentTrajectory(
+            groups=groups,
+            env_id=np.broadcast_to(np.arange(num_envs, dtype=np.int64), shape).copy(),
+            episode_id=np.asarray(host["env"]["episode_id"], np.int64),
+            step=np.asarray(host["env"]["step"], np.int64),
+            env_done=np.asarray(host["env"]["done"]),
+            agents=self.agents,
+        )
+        with jax.transfer_guard_device_to_host("allow"):
+            self._refuse_bad_actions(host["any_bad"], traj)
         self.metrics.add(episode_counts(host["ends"], window, num_steps * num_envs))
         for pid, (reward, valid, term, trunc) in host["groups"].items():
             running_return, running_length = self._running[pid]
@@ -147,15 +163,44 @@ class ScanSampler:
             )
             self.metrics.add_group_counts(pid, np.count_nonzero(valid, axis=(0, 1)), agent_ends)
         self.metrics.sample_time_s += time.perf_counter() - start_time
-        shape = (num_steps, num_envs)
-        return MultiAgentTrajectory(
-            groups=groups,
-            env_id=np.broadcast_to(np.arange(num_envs, dtype=np.int64), shape).copy(),
-            episode_id=np.asarray(host["env"]["episode_id"], np.int64),
-            step=np.asarray(host["env"]["step"], np.int64),
-            env_done=np.asarray(host["env"]["done"]),
-            agents=self.agents,
+        return traj
+
+    def _refuse_bad_actions(self, any_bad: np.ndarray, traj: Any) -> None:
+        """Where ``any_bad``: raises InvalidActionError at the first step with an action
+        outside its space (the first group's, then row's), with the steps before it in
+        ``err.partial_trajectory``."""
+        if not any_bad:
+            return
+        if isinstance(traj, MultiAgentTrajectory):
+            actions = {pid: g.action for pid, g in traj.groups.items()}
+            valid: Any = {pid: g.valid for pid, g in traj.groups.items()}
+        else:
+            actions, valid = {self.envs.groups[0].policy_id: traj.action}, None
+        bad = bad_actions(self.envs, actions, valid, self.rollout_length)
+        t = min(int(np.flatnonzero(np.asarray(b).any(axis=1))[0]) for b in bad.values() if b.any())
+        pid, rows = next((pid, np.asarray(b[t])) for pid, b in bad.items() if b[t].any())
+        g = next(g for g in self.envs.groups if g.policy_id == pid)
+        env, slot = divmod(int(np.argmax(rows)), g.num_agents)
+        if valid is None:
+            at: tuple[int, ...] = (t, env)
+            who = f"sub-env {env}"
+        else:
+            at, who = (t, env, slot), f"sub-env {env} agent {g.agents[slot]!r}"
+        value = jax.tree.map(lambda x: np.asarray(x[at]).tolist(), actions[pid])
+        space = g.action_space
+        if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
+            what = f"is outside {space}"
+        elif isinstance(space, (spaces.Dict, spaces.Tuple)):
+            what = f"is outside {space} or not finite"
+        else:  # a float Box
+            what = "is not finite"
+        err = InvalidActionError(
+            f"actions: {who}'s action {value!r} at step {t} of this sample {what}. The "
+            "pure-JAX env stepped with it inside the compiled scan, which cannot stop there; "
+            "check the policy that made it (its action head, its params)."
         )
+        attach_partial(err, traj.time_slice(0, t) if t else None)
+        raise err
 
     def get_connector_state(self, policy_id: str) -> ConnectorsState:
         """A host copy of the state of ``policy_id``'s connectors: the statistics the

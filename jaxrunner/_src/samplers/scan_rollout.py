@@ -161,6 +161,25 @@ def with_actors(envs: JaxVectorEnv, actor: Any, actors: dict[str, ActorState]) -
     return actors[envs.groups[0].policy_id]
 
 
+def bad_actions(
+    envs: JaxVectorEnv, actions: dict[str, Any], valid: dict[str, Any] | None, num_steps: int
+) -> dict[str, jax.Array]:
+    """Per policy id (of the groups whose space has values to check), ``[T, B * A_g]``:
+    the acting rows whose recorded action (``actions``, ``[T, B(, A_g), ...]``) is outside
+    its space, as the host loop would refuse it before the env steps. ``valid``: which
+    slots act (None: all)."""
+    out = {}
+    for g in envs.groups:
+        rows = envs.num_envs * g.num_agents
+        pid = g.policy_id
+        bad = space_arrays.bad_action_rows(g.action_space, actions[pid], num_steps * rows)
+        if bad is not None:
+            bad = bad.reshape(num_steps, rows)
+            # a done agent's actions are not the env's
+            out[pid] = bad if valid is None else bad & valid[pid].reshape(num_steps, rows)
+    return out
+
+
 def _stack(values: dict[str, Any], agents: tuple[str, ...]) -> Any:
     """``[B, A, ...]`` from a dict of ``[B, ...]`` per agent."""
     return jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *[values[a] for a in agents])
@@ -305,16 +324,26 @@ def rollout(
     params: dict[str, Params],
     state: RolloutState,
     env_params: Any,
-) -> tuple[RolloutState, Any, jax.Array]:
+) -> tuple[RolloutState, Any, jax.Array, jax.Array]:
     """``num_steps`` steps of every env (pure; jit it), then each group's per-sample
     connectors. Returns the new state, a :class:`Trajectory` or (``as_groups``) the
     groups and the env-level fields a :class:`MultiAgentTrajectory` reads (XLA drops
-    the rest), and the ``ends`` of :func:`scan_envs`.
+    the rest), the ``ends`` of :func:`scan_envs`, and whether any action was outside its
+    space (:func:`bad_actions`: the scan cannot stop there, as the host loop does, so
+    its sampler refuses the sample after it; one flag, checked after the steps, costs
+    least).
     """
     step = functools.partial(_step, envs, policies, connectors, params, env_params)
     state, rec, env, ends = scan_envs(
         step, lambda reset_keys: envs.reset(reset_keys, env_params), num_steps, state
     )
+    if envs.multi_agent:
+        actions = {pid: g.action for pid, g in rec.items()}
+        valid: Any = {pid: g.valid for pid, g in rec.items()}
+    else:
+        actions, valid = {envs.groups[0].policy_id: rec["action"]}, None
+    bad = bad_actions(envs, actions, valid, num_steps)
+    any_bad = functools.reduce(jnp.logical_or, [b.any() for b in bad.values()], jnp.bool_(False))
     actors = actors_of(envs, state.actor)
     if envs.multi_agent:
         for pid, conn in connectors.items():
@@ -343,7 +372,7 @@ def rollout(
             out, actors[pid] = _finish(conn.finish_sample, actors[pid], out)
         if as_groups:
             out = _one_group(pid, out)
-    return state.replace(actor=with_actors(envs, state.actor, actors)), out, ends
+    return state.replace(actor=with_actors(envs, state.actor, actors)), out, ends, any_bad
 
 
 def _one_group(policy_id: str, traj: Trajectory) -> tuple[dict[str, GroupTrajectory], Any]:

@@ -5,6 +5,7 @@ per-step path."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -143,6 +144,28 @@ def _check_action_leaf(
         f"actions{path}: {who}'s action {array[row].tolist()!r} (row {row} of the "
         f"batch) is outside {space}. Send actions within the action space."
     )
+
+
+def bad_action_rows(space: spaces.Space, actions: Any, num_rows: int) -> Any:
+    """``[num_rows]`` bool, traced: the rows whose action :func:`check_action_batch` would
+    refuse for its value (a ``Discrete`` or ``MultiDiscrete`` one out of range, a float one
+    not finite); None where no part of ``space`` has such a value to check."""
+    import jax.numpy as jnp  # here, not at the top: a Ray actor's import of this skips JAX
+
+    if isinstance(space, (spaces.Dict, spaces.Tuple)):
+        keys = space.spaces.keys() if isinstance(space, spaces.Dict) else range(len(space.spaces))
+        parts = [bad_action_rows(space[k], actions[k], num_rows) for k in keys]
+        parts = [p for p in parts if p is not None]
+        return None if not parts else functools.reduce(jnp.logical_or, parts)
+    if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
+        low = np.asarray(space.start)
+        high = low + (space.n if isinstance(space, spaces.Discrete) else space.nvec)
+        bad = (actions < jnp.asarray(low)) | (actions >= jnp.asarray(high))
+    elif leaf_spec(space)[1].kind == "f":
+        bad = ~jnp.isfinite(actions)
+    else:
+        return None
+    return bad.reshape(num_rows, -1).any(axis=1)
 
 
 _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
