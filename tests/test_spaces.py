@@ -46,6 +46,34 @@ def test_nothing_to_clip() -> None:
     assert space_arrays.clip_box_actions_jax(free)(actions) is actions
 
 
+def test_the_jax_test_of_action_values_refuses_the_rows_the_host_check_refuses() -> None:
+    """``bad_action_rows`` (the pure-JAX scan's) against ``check_action_batch`` (the host
+    backends'), row by row, on a nested space and on MultiDiscrete."""
+    cases = [
+        (
+            NESTED,
+            {
+                "move": np.array([[0.0, 1.0], [0.0, 9.0], [0.0, np.nan], [0.0, 0.0]], np.float32),
+                "free": np.array([[1e30], [-5.0], [0.0], [np.inf]], np.float32),
+                "pick": (np.array([0, 2, 1, 3]), np.array([0.5, 0.5, 0.5, 0.5], np.float32)),
+            },
+        ),
+        (spaces.MultiDiscrete([2, 3], start=[-1, 0]), np.array([[-1, 2], [1, 0], [0, 3], [0, 0]])),
+    ]
+    for (space, batch), expected in zip(cases, ([0, 0, 1, 1], [0, 1, 1, 0])):
+        bad = np.asarray(jax.jit(lambda a, s=space: space_arrays.bad_action_rows(s, a, 4))(batch))
+        assert bad.tolist() == [bool(e) for e in expected]
+        for row in range(4):
+            one = jax.tree.map(lambda x, r=row: x[r : r + 1], batch)
+            try:
+                space_arrays.check_action_batch(space, one, 1)
+                refused = False
+            except InvalidActionError:
+                refused = True
+            assert bad[row] == refused, (space, row)
+    assert space_arrays.bad_action_rows(spaces.MultiBinary(2), jnp.zeros((2, 2)), 2) is None
+
+
 @pytest.mark.parametrize(
     "check, error, match",
     [

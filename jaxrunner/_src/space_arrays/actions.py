@@ -153,8 +153,8 @@ def bad_action_rows(space: spaces.Space, actions: Any, num_rows: int) -> Any:
     import jax.numpy as jnp  # here, not at the top: a Ray actor's import of this skips JAX
 
     if isinstance(space, (spaces.Dict, spaces.Tuple)):
-        keys = space.spaces.keys() if isinstance(space, spaces.Dict) else range(len(space.spaces))
-        parts = [bad_action_rows(space[k], actions[k], num_rows) for k in keys]
+        items = space.items() if isinstance(space, spaces.Dict) else enumerate(space.spaces)
+        parts = [bad_action_rows(sub, actions[k], num_rows) for k, sub in items]
         parts = [p for p in parts if p is not None]
         return None if not parts else functools.reduce(jnp.logical_or, parts)
     if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
