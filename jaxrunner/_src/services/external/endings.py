@@ -86,8 +86,7 @@ class EpisodeEndings:
                         self.close(record, None)  # its rewards are unassigned
                         continue
                     record.done = True
-                    space = self.groups[record.policy_id].observation_space
-                    self.counts["num_dropped_steps"] += record.abandon(space)
+                    self.counts["num_dropped_steps"] += record.abandon()
                     ended.append(record)
                 self.counts["num_abandoned_episodes"] += 1
                 self.remove(live)

@@ -106,19 +106,16 @@ class AgentRecord:
             self.rewards.append(self.pending_reward)
         self.obs.append(final_obs)
 
-    def abandon(self, observation_space: spaces.Space) -> int:
+    def abandon(self) -> int:
         """Closes the record at its last observation; returns the steps dropped (the last
         action's, whose outcome never came)."""
-        dropped = 0
-        if self.num_actions:
-            self.actions.pop()
-            self.extras.pop()
-            self.env_steps.pop()
-            self.pending_reward = 0.0
-            dropped = 1
-        if not self.obs:
-            self.obs.append(space_arrays.allocate(observation_space, ()))  # never output
-        return dropped
+        if not self.num_actions:
+            return 0
+        self.actions.pop()
+        self.extras.pop()
+        self.env_steps.pop()
+        self.pending_reward = 0.0
+        return 1
 
     def to_episode(
         self,
