@@ -98,15 +98,12 @@ def raise_for(status: int, answer: Any) -> None:
         raise errors.EpisodeNotFoundError(text, ended=status == 410)
     kind = {
         409: errors.EpisodeConflictError,
-        429: errors.TooManyEpisodesError,
+        429: errors.MemoryLimitError if code == "memory_limit" else errors.TooManyEpisodesError,
         422: _INVALID.get(code, errors.InvalidArgumentError),  # the server's own kind
+        503: errors.ActionTimeoutError if code == "timeout" else None,
     }.get(status)
-    if status == 429 and code == "memory_limit":
-        kind = errors.MemoryLimitError
     if kind is not None:
         raise kind(text)
-    if status == 503 and code == "timeout":
-        raise errors.ActionTimeoutError(text)
     raise PolicyServerError(text, status, code)
 
 
