@@ -62,7 +62,7 @@ class EpisodeReport:
         chunk refused as too large (413: nothing recorded) is split and sent again."""
         length = 0 if episode is None else episode.length
         steps = [self.encode_step(episode, t) for t in range(length)]
-        tail = json.dumps({"final_obs": final_obs, "truncated": truncated})[1:]
+        tail = "," + json.dumps({"final_obs": final_obs, "truncated": truncated})[1:]
         budget, start = self.chunk_bytes, 0
         while True:
             stop = self.chunk_end(steps, start, budget, len(tail))
@@ -106,7 +106,7 @@ class EpisodeReport:
     ) -> int:
         """Where the chunk from ``start`` ends: as many steps as fit ``budget`` bytes
         (at least one) and ``report_chunk_steps``."""
-        size = len(self.report_body([], "}")) + tail
+        size = len(self.report_body([], "")) + tail
         stop = start
         while stop < len(steps) and stop - start < self.chunk_steps:
             step = sum(len(part) + 1 for part in steps[stop])  # with its commas
@@ -118,11 +118,11 @@ class EpisodeReport:
 
     @staticmethod
     def report_body(steps: list[tuple[str, str, str]], tail: str) -> bytes:
-        """The JSON body of a report chunk; ``tail`` closes the object."""
+        """The JSON body of a report chunk; ``tail`` closes the object ("" leaves it open)."""
         obs, actions, rewards = ([step[i] for step in steps] for i in range(3))
         return (
             f'{{"obs":[{",".join(obs)}],"actions":[{",".join(actions)}],'
-            f'"rewards":[{",".join(rewards)}]' + ("," + tail if tail != "}" else tail)
+            f'"rewards":[{",".join(rewards)}]{tail}'
         ).encode()
 
     def abandon(
