@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+import uuid
 from typing import Any, ClassVar, Literal, Self
 
 import httpx
@@ -18,10 +19,10 @@ from jaxrunner._src.arg_checks import check_int, check_number, check_path
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.services.external import ExternalEnvConfig
 from jaxrunner._src.services.serve import wire
+from jaxrunner._src.services.serve.auth import read_token
 from jaxrunner._src.services.serve.client_http import (
     MAX_ANSWER_BYTES,
     PolicyServerError,
-    open_http,
     request_json,
 )
 from jaxrunner._src.services.serve.local_inference import EpisodeReport, LocalEnv
@@ -52,8 +53,21 @@ class _Client:
                 f"{type(self).__name__}(url={url!r}): expected the server's http:// or "
                 "https:// URL, as PolicyServer.url gives it (e.g. 'http://127.0.0.1:8000')."
             )
+        if token is None and token_file is not None:
+            token = read_token(token_file)
+        headers = {"X-Client-Id": client_id or f"client-{uuid.uuid4().hex[:12]}"}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
         self.max_answer_bytes = max_answer_bytes
-        self._http = open_http(url, token, token_file, client_id, timeout_s)
+        self._http = httpx.Client(
+            base_url=url,
+            headers=headers,
+            timeout=timeout_s,
+            # Expiring before the server's keep-alive (30 s): no request on a closing connection.
+            limits=httpx.Limits(
+                max_connections=256, max_keepalive_connections=256, keepalive_expiry=10.0
+            ),
+        )
         try:
             self._spaces = self._call("GET", "/v1/spaces")
             if ("agents" in self._spaces) is not self.multi_agent:

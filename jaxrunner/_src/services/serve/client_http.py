@@ -1,18 +1,15 @@
-"""The HTTP side of a policy client: its connection, JSON requests, and the server's errors
-raised as exceptions."""
+"""The HTTP side of a policy client: its JSON requests, and the server's errors raised as
+exceptions."""
 
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from typing import Any
 
 import httpx
 
 import jaxrunner.errors as errors
 from jaxrunner._src.core.episode import Episode
-from jaxrunner._src.services.serve.auth import read_token
 
 
 class PolicyServerError(errors.JaxRunnerError, RuntimeError):
@@ -105,31 +102,6 @@ def raise_for(status: int, answer: Any) -> None:
     if kind is not None:
         raise kind(text)
     raise PolicyServerError(text, status, code)
-
-
-def open_http(
-    url: str,
-    token: str | None,
-    token_file: str | os.PathLike[str] | None,
-    client_id: str | None,
-    timeout_s: float,
-) -> httpx.Client:
-    """A policy client's connection pool, sending its token and client id (random by
-    default) in every request."""
-    if token is None and token_file is not None:
-        token = read_token(token_file)
-    headers = {"X-Client-Id": client_id or f"client-{uuid.uuid4().hex[:12]}"}
-    if token is not None:
-        headers["Authorization"] = f"Bearer {token}"
-    return httpx.Client(
-        base_url=url,
-        headers=headers,
-        timeout=timeout_s,
-        # Expiring before the server's keep-alive (30 s): no request on a closing connection.
-        limits=httpx.Limits(
-            max_connections=256, max_keepalive_connections=256, keepalive_expiry=10.0
-        ),
-    )
 
 
 def request_json(
