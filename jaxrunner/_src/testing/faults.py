@@ -56,6 +56,22 @@ class _Faulty:
             self.schedule.ok(call)
         return fault, out
 
+    _break = staticmethod(break_returns)  # one agent's returns (FaultyParallelEnv: of which)
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        fault, (obs, info) = self._run("reset", lambda: self.env.reset(seed=seed, options=options))
+        if fault is not None:  # reset faults break no rewards or flags
+            obs, _, _, info = self._break(fault.kind, obs, {}, {}, info)
+        return obs, info
+
+    def step(self, action: Any) -> Any:
+        fault, (obs, reward, terminated, truncated, info) = self._run(
+            "step", lambda: self.env.step(action)
+        )
+        if fault is not None:
+            obs, reward, terminated, info = self._break(fault.kind, obs, reward, terminated, info)
+        return obs, reward, terminated, truncated, info
+
 
 class FaultyEnv(_Faulty, gymnasium.Wrapper):
     """Wraps an env of any kind and injects ``faults``; counts calls in ``log`` if given.
@@ -92,55 +108,27 @@ class FaultyEnv(_Faulty, gymnasium.Wrapper):
             f"AECEnv, got {type(env).__name__}."
         )
 
-    def reset(self, **kwargs: Any) -> Any:
-        fault, (obs, info) = self._run("reset", lambda: self.env.reset(**kwargs))
-        if fault is not None:
-            obs, _, _, info = break_returns(fault.kind, obs, 0.0, False, info)
-        return obs, info
-
-    def step(self, action: Any) -> Any:
-        fault, (obs, reward, terminated, truncated, info) = self._run(
-            "step", lambda: self.env.step(action)
-        )
-        if fault is not None:
-            obs, reward, terminated, info = break_returns(fault.kind, obs, reward, terminated, info)
-        return obs, reward, terminated, truncated, info
-
 
 class FaultyParallelEnv(_Faulty, BaseParallelWrapper):
     """:class:`FaultyEnv` for a PettingZoo ``ParallelEnv``: a garbage fault breaks the
     returns of ``agent`` if returned, else of the first key of the returned observations."""
 
     def _break(
-        self, fault: FaultPlan | None, obs: Any, rewards: Any, terms: Any, infos: Any
+        self, kind: str, obs: Any, rewards: Any, terms: Any, infos: Any
     ) -> tuple[Any, Any, Any, Any]:
-        """The returns with the target agent's broken by ``fault`` (copies)."""
-        if fault is None or not obs:
+        """The returns with the target agent's broken by a fault of ``kind`` (copies)."""
+        if not obs:
             return obs, rewards, terms, infos
         agent = self.agent if self.agent in obs else next(iter(obs))
         obs, rewards, terms, infos = dict(obs), dict(rewards), dict(terms), dict(infos)
         obs[agent], rewards[agent], terms[agent], infos[agent] = break_returns(
-            fault.kind,
+            kind,
             obs[agent],
             rewards.get(agent, 0.0),
             terms.get(agent, False),
             infos.get(agent, {}),
         )
         return obs, rewards, terms, infos
-
-    def reset(
-        self, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        fault, (obs, infos) = self._run("reset", lambda: self.env.reset(seed=seed, options=options))
-        obs, _, _, infos = self._break(fault, obs, {}, {}, infos)  # reset faults break no rewards
-        return obs, infos
-
-    def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
-        fault, (obs, rewards, terms, truncs, infos) = self._run(
-            "step", lambda: self.env.step(actions)
-        )
-        obs, rewards, terms, infos = self._break(fault, obs, rewards, terms, infos)
-        return obs, rewards, terms, truncs, infos
 
 
 class FaultyAECEnv(_Faulty, BaseWrapper):
