@@ -100,10 +100,8 @@ class ParallelByHand:
         actions = {agent: act(agent) for agent in self.acting}
         obs, rewards, terms, truncs, infos = self.env.step(actions)
         self.started |= set(actions)
-        env_reward = 0.0
         for agent, r in rewards.items():
             self.pending[agent] = self.pending.get(agent, 0.0) + r
-            env_reward += r
         completed = {
             agent: (
                 obs[agent],
@@ -118,7 +116,7 @@ class ParallelByHand:
         done = not self.acting
         if done:
             self.reset(None)  # SAME_STEP autoreset, unseeded
-        return ExpectedRow(completed, done, env_reward, infos)
+        return ExpectedRow(completed, done, sum(rewards.values(), 0.0), infos)
 
 
 class AECByHand:
