@@ -4,6 +4,7 @@ README's examples run in tests/test_docs_examples.py)."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import pathlib
@@ -262,6 +263,24 @@ def test_bench_output_paths_are_checked_before_measuring(capsys, monkeypatch, tm
     cli.main(["bench", "--plot", str(tmp_path / "fig")])  # matplotlib's own default suffix
     assert drawn == [tmp_path / "fig.png"]
     assert f"wrote {tmp_path / 'fig.png'}" in capsys.readouterr().err
+
+
+def test_bench_refuses_an_env_gymnasium_does_not_know_before_measuring(capsys, monkeypatch):
+    monkeypatch.setattr(bench, "run", lambda *a: pytest.fail("measured"))
+    assert cli.main(["bench", "--env", "NoSuchEnv-v9"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "jaxrunner bench: --env NoSuchEnv-v9: gymnasium has no such env (NameNotFound: "
+    )
+    assert "give an id it knows (e.g. CartPole-v1" in err and len(err.splitlines()) == 1
+    measured = []  # ids gymnasium.make resolves, and a PettingZoo module:name, still run
+    monkeypatch.setattr(bench, "run", lambda c, log: measured.append(c.env) or {"results": []})
+    envs = ["CartPole", "gymnasium.envs.classic_control:CartPole-v1"]
+    if importlib.util.find_spec("mpe2") is not None:
+        envs.append("mpe2:simple_spread_v3")
+    for env in envs:
+        assert cli.main(["bench", "--env", env, "--json"]) == 1  # (nothing measured)
+    assert measured == envs
 
 
 def test_bench_rejects_unknown_backend():

@@ -48,6 +48,7 @@ def _bench(args: argparse.Namespace) -> int:
         return 2
     outputs = (("--out", args.out, "bench.json"), ("--plot", args.plot, "bench.png"))
     try:  # before a minute of measuring, not after
+        bench.check_env_id(config, "--env")
         for flag, path, example in outputs:
             if path is not None:
                 check_not_folder(path, f"{flag} {path}", example)

@@ -2,6 +2,7 @@
 where does its time go? See docs/performance.md."""
 
 from jaxrunner._src.bench.benchmark import BenchConfig as BenchConfig
+from jaxrunner._src.bench.benchmark import check_env_id as check_env_id
 from jaxrunner._src.bench.benchmark import plans_for as plans_for
 from jaxrunner._src.bench.benchmark import run as run
 from jaxrunner._src.bench.hand_loop import REFERENCES as REFERENCES

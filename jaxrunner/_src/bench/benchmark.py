@@ -8,8 +8,11 @@ import datetime
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
+
+from gymnasium.envs.registration import _find_spec  # how gymnasium.make finds an id
 
 from jaxrunner._src.arg_checks import check_int, check_number, is_int
 from jaxrunner._src.bench.multi_agent import describe, parallel_env_module
@@ -89,6 +92,31 @@ class BenchConfig:
             return {self.backends[0]: self.widths}
         plans = plans_for(self.env)
         return {b: tuple(w for w in self.widths if w <= plans[b].max_width) for b in self.backends}
+
+
+def check_env_id(config: BenchConfig, said: str) -> None:
+    """Refuses ``config.env`` (``said`` names it) before anything is measured where gymnasium
+    knows no such id and every backend that would run makes its envs with gymnasium (not
+    EnvPool or gymnax, whose ids are their own; nor a workload or a PettingZoo env)."""
+    own_ids = [b for b in config.backends if b in ("envpool", JAX_BACKEND)]
+    if (
+        config.workload is not None
+        or plans_for(config.env) is MULTI_AGENT_PLANS
+        or len(own_ids) == len(config.backends)
+        or any(not PLANS[b].unavailable() for b in own_ids)
+    ):
+        return
+    try:
+        with warnings.catch_warnings():  # resolving only: gymnasium.make warns where it runs
+            warnings.simplefilter("ignore")
+            _find_spec(config.env)
+    except Exception as err:  # not found, malformed, or its module:EnvId module fails
+        raise InvalidArgumentError(
+            f"{said} {config.env}: gymnasium has no such env ({type(err).__name__}: {err}); "
+            "give an id it knows (e.g. CartPole-v1, or module:EnvId to import the module that "
+            "registers it) or a PettingZoo parallel env as module:name (e.g. "
+            "mpe2:simple_spread_v3)."
+        ) from err
 
 
 def run(config: BenchConfig, log: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
