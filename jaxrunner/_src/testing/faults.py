@@ -263,9 +263,7 @@ def faulty_env_fns(
     per_env = faults if isinstance(faults, Mapping) else dict.fromkeys(range(len(bases)), faults)
     per_env = {i: check_plans("faulty_env_fns", plans) for i, plans in per_env.items()}
     return [
-        functools.partial(
-            _make_faulty, fn, tuple(per_env.get(i, ())), log, seed * 100_003 + i, agent
-        )
+        functools.partial(_make_faulty, fn, per_env.get(i, ()), log, seed * 100_003 + i, agent)
         for i, fn in enumerate(bases)
     ]
 
