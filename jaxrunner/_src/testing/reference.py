@@ -72,9 +72,8 @@ class GymnasiumByHand:
         self.started.add(ONE_AGENT)
         done = bool(terminated or truncated)
         completed = {ONE_AGENT: (obs, float(reward), bool(terminated), bool(truncated))}
-        reset_info = self.reset(None) if done else None
-        if not done:
-            self.acting = {ONE_AGENT: obs}
+        self.acting = {ONE_AGENT: obs}
+        reset_info = self.reset(None) if done else None  # SAME_STEP autoreset, unseeded
         return ExpectedRow(completed, done, float(reward), info, reset_info)
 
 
