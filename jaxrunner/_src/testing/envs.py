@@ -191,7 +191,26 @@ def _counted(fn: EnvFactory) -> gymnasium.Env:
     return StepCounter(fn())
 
 
-class ComingAndGoing(ParallelEnv):
+class _Episodes:
+    """What the multi-agent test envs share: a seeded ``rng``, ``episode`` (episodes begun:
+    the first reset makes it 0) and the step ``t``, which ``render()`` returns for the tests
+    to read (outside PettingZoo's render types on purpose)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rng = np.random.default_rng(0)
+        self.episode, self.t = -1, 0
+
+    def _begin_episode(self, seed: int | None) -> None:
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.episode, self.t = self.episode + 1, 0
+
+    def render(self) -> int:
+        return self.t
+
+
+class ComingAndGoing(_Episodes, ParallelEnv):
     """Agents that appear and leave mid-episode.
 
     ``a0`` and ``a1`` start; ``a2`` appears after step 2 (with a reward before it ever
@@ -206,13 +225,10 @@ class ComingAndGoing(ParallelEnv):
     metadata: dict[str, Any] = {"name": "coming_and_going_v0"}  # noqa: RUF012
 
     def __init__(self) -> None:
+        super().__init__()
         self.possible_agents = ["a0", "a1", "a2", "a3"]
         self._obs_space = spaces.Box(-np.inf, np.inf, (3,), np.float32)
         self._act_space = spaces.Discrete(3)
-        self.rng = np.random.default_rng(0)
-        self.episode = -1
-        """Episodes begun (the first reset makes it 0)."""
-        self.t = 0
 
     # One space object for every agent, as PettingZoo asks.
     def observation_space(self, agent: str) -> spaces.Space:
@@ -221,10 +237,6 @@ class ComingAndGoing(ParallelEnv):
     def action_space(self, agent: str) -> spaces.Space:
         return self._act_space
 
-    # ``t`` for the tests to read, outside PettingZoo's render types on purpose.
-    def render(self) -> int:  # type: ignore[override]
-        return self.t
-
     def _obs(self, agent: str) -> np.ndarray:
         k = self.possible_agents.index(agent)
         return np.array([self.t, k, self.rng.uniform()], np.float32)
@@ -232,10 +244,7 @@ class ComingAndGoing(ParallelEnv):
     def reset(
         self, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, np.ndarray], dict[str, dict[str, Any]]]:
-        if seed is not None:
-            self.rng = np.random.default_rng(seed)
-        self.episode += 1
-        self.t = 0
+        self._begin_episode(seed)
         self.agents = ["a0", "a1"]
         return {a: self._obs(a) for a in self.agents}, {a: {} for a in self.agents}
 
@@ -269,7 +278,7 @@ class ComingAndGoing(ParallelEnv):
         return obs, rewards, terms, truncs, infos
 
 
-class Relay(AECEnv):
+class Relay(_Episodes, AECEnv):
     """A turn-based env where every step pays every live agent, so rewards reach agents
     between their turns.
 
@@ -285,10 +294,6 @@ class Relay(AECEnv):
     def __init__(self) -> None:
         super().__init__()
         self.possible_agents = ["r0", "r1", "r2"]
-        self.rng = np.random.default_rng(0)
-        self.episode = -1
-        """Episodes begun (the first reset makes it 0)."""
-        self.t = 0
 
     def observation_space(self, agent: str) -> spaces.Space:
         return spaces.Box(-np.inf, np.inf, (2,), np.float32)
@@ -299,15 +304,8 @@ class Relay(AECEnv):
     def observe(self, agent: str) -> np.ndarray:
         return np.array([self.t, self.possible_agents.index(agent)], np.float32)
 
-    # ``t`` for the tests to read, outside PettingZoo's render types on purpose.
-    def render(self) -> int:  # type: ignore[override]
-        return self.t
-
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
-        if seed is not None:
-            self.rng = np.random.default_rng(seed)
-        self.episode += 1
-        self.t = 0
+        self._begin_episode(seed)
         self.turns = dict.fromkeys(self.possible_agents, 0)
         self.agents = self.possible_agents[:]
         self.rewards = dict.fromkeys(self.agents, 0.0)
