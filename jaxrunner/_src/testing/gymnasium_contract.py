@@ -88,8 +88,7 @@ class GymnasiumVectorApiContract(ContractParts):
         with closing(self._make(kind, fns)) as vec, closing(gymnasium_reference(fns)) as ref:
             assert_trees_equal(vec.reset(seed=self.seed), ref.reset(seed=self.seed), "reset")
             self._gymnasium_parity(vec, ref, "before", 2, require_end=False)
-            mask = np.arange(self.num_envs) % 2 == 1
-            options = {"reset_mask": mask}
+            options = {"reset_mask": np.arange(self.num_envs) % 2 == 1}
             got = vec.reset(seed=self.seed + 5, options=dict(options))
             assert_trees_equal(got, ref.reset(seed=self.seed + 5, options=dict(options)), "mask")
             self._gymnasium_parity(vec, ref, "after the masked reset", 6)
