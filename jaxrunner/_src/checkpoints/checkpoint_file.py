@@ -204,29 +204,39 @@ class CheckpointFile(KeptEpisodeReader):
     # -- state -------------------------------------------------------------------------------
 
     def _check_state(self, state: Any) -> tuple[np.ndarray, int, int]:
-        """Checks the sampler state's episode bookkeeping and, where it has them, each
-        agent slot's running episode (lengths in range, returns finite); returns each
-        env's current episode id, the next free id and the env steps closed so far."""
+        """Checks the sampler state's episode bookkeeping (a scan sampler's ``RolloutState``,
+        a host sampler's ``EpisodeBook``) and, where it has them, each agent slot's running
+        episode (lengths in range, returns finite); returns each env's current episode id,
+        the next free id and the env steps closed so far."""
         if isinstance(state, dict) and "rollout" in state:  # the scan sampler's
-            ids, next_id, steps_done = self.check_rollout(state["rollout"], "sampler/rollout")
+            rollout, where = state["rollout"], "sampler/rollout"
+            ids, returns = np.asarray(rollout.episode_id), np.asarray(rollout.episode_return)
+            next_id, steps_done = int(rollout.next_episode_id), int(rollout.num_steps)
+            step = np.asarray(rollout.episode_step)
+            self.require((step >= 0).all(), f"{where}/episode_step", "negative")
             returns_name, lengths_name = "return", "length"
             running = {
                 f"sampler/running/{pid}/": (r["return"], r["length"])
                 for pid, r in state.get("running", {}).items()
             }
         else:  # the host samplers'
-            book = state["book"] if isinstance(state, dict) else state.book
-            ids, next_id, steps_done = self.check_book(book, "sampler/book")
+            book, where = state["book"] if isinstance(state, dict) else state.book, "sampler/book"
+            ids, returns, begin = book["episode_id"], book["episode_return"], book["episode_begin"]
+            next_id, steps_done = int(book["next_episode_id"]), int(book["steps_done"])
+            self.require(steps_done >= 0, f"{where}/steps_done", f"{steps_done} < 0")
+            bad = (begin < 0) | (begin > steps_done)
+            self.require(not bad.any(), f"{where}/episode_begin", f"outside [0, {steps_done}]")
             returns_name, lengths_name = "running_return", "running_length"
             groups = {} if isinstance(state, dict) else state.groups
             running = {
                 f"sampler/groups/{pid}/": (g.running_return, g.running_length)
                 for pid, g in groups.items()
             }
-        for where, (returns, lengths) in running.items():
+        self.check_ids(ids, next_id, returns, where)
+        for name, (returns, lengths) in running.items():
             ok = ((lengths >= 0) & (lengths <= steps_done)).all()
-            self.require(ok, where + lengths_name, f"outside [0, {steps_done}]")
-            self.require(np.isfinite(returns).all(), where + returns_name, "not finite")
+            self.require(ok, name + lengths_name, f"outside [0, {steps_done}]")
+            self.require(np.isfinite(returns).all(), name + returns_name, "not finite")
         return ids, next_id, steps_done
 
     def _read_metrics(self, npz: NpzReader) -> Any:

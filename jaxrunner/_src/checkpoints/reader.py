@@ -159,28 +159,6 @@ class CheckpointReader:
                 leaves.append(value)
         return jax.tree_util.tree_unflatten(treedef, leaves)
 
-    def check_book(self, book: dict[str, Any], where: str) -> tuple[np.ndarray, int, int]:
-        """Checks an :class:`~jaxrunner._src.samplers.episode_ids.EpisodeBook` state; returns
-        each env's current episode id, the next free id and the steps closed so far."""
-        ids, next_id = book["episode_id"], int(book["next_episode_id"])
-        steps_done = int(book["steps_done"])
-        begin = book["episode_begin"]
-        self.require(steps_done >= 0, f"{where}/steps_done", f"{steps_done} < 0")
-        bad = (begin < 0) | (begin > steps_done)
-        self.require(not bad.any(), f"{where}/episode_begin", f"outside [0, {steps_done}]")
-        self.check_ids(ids, next_id, book["episode_return"], where)
-        return ids, next_id, steps_done
-
-    def check_rollout(self, rollout: Any, where: str) -> tuple[np.ndarray, int, int]:
-        """Checks a scan sampler's :class:`~jaxrunner._src.samplers.scan.RolloutState`
-        (its episode bookkeeping); returns as :meth:`check_book` does."""
-        ids = np.asarray(rollout.episode_id)
-        next_id, steps_done = int(rollout.next_episode_id), int(rollout.num_steps)
-        step = np.asarray(rollout.episode_step)
-        self.require((step >= 0).all(), f"{where}/episode_step", "negative")
-        self.check_ids(ids, next_id, np.asarray(rollout.episode_return), where)
-        return ids, next_id, steps_done
-
     def check_ids(self, ids: np.ndarray, next_id: int, returns: np.ndarray, where: str) -> None:
         """Current episode ids non-negative, distinct and below the next free id (so new
         episodes never reuse one); their returns so far finite."""
