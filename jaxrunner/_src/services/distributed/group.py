@@ -86,7 +86,6 @@ class EnvRunnerGroup:
         self._params_version = 0
         self._params_keys = set(params) if isinstance(params, Mapping) else set()
         self._statistics: list[Moments] | None = None
-        self._statistics_ref: Any = None
         self._closed = False
         self.num_restarts = 0
         """Runners replaced so far."""
@@ -134,22 +133,15 @@ class EnvRunnerGroup:
         self._check_open("sample")
         slots = self._healthy_slots()
         calls = [(slot, slot.actor.sample_with_statistics.remote()) for slot in slots]
-        results: list[Any] = []
-        deltas: list[Any] = []
-        steps = 0
-        failed: list[tuple[_Slot, str]] = []  # replaced after the merge: they start from it
         # RayError: also an env error Ray could not unpickle (UnserializableException).
-        for slot, answer, why in self._answers(calls, "sample", self._ray.exceptions.RayError):
-            if why is not None:
-                failed.append((slot, why))
-                continue
-            traj, delta, new_steps = answer
-            results.append(traj)
-            deltas.append(delta)
-            steps += new_steps
+        answers = list(self._answers(calls, "sample", self._ray.exceptions.RayError))
+        # The failed are replaced after the merge: they start from it.
+        failed = [(slot, why) for slot, _, why in answers if why is not None]
+        answered = [answer for _, answer, why in answers if why is None]
+        results, deltas = [a[0] for a in answered], [a[1] for a in answered]
         if deltas and deltas[0]:  # connectors with statistics: merged in runner order, exactly
             self._statistics = _merged(self._statistics, deltas)
-        self.num_env_steps_sampled += steps
+        self.num_env_steps_sampled += sum(a[2] for a in answered)
         traj = (concatenate_envs(results) if concat else results) if results else None
         gave_up: list[RunnerFailedError] = []
         for slot, why in failed:
@@ -185,9 +177,7 @@ class EnvRunnerGroup:
         old = self._params_ref, self._params_version
         self._params_ref, self._params_version = self._full_params(params, ref), old[1] + 1
         version = self._params_version
-        if self._statistics is not None:
-            self._statistics_ref = ray.put(jax.device_get(self._statistics))
-        stats = self._statistics_ref
+        stats = None if self._statistics is None else ray.put(jax.device_get(self._statistics))
         calls = [(slot, slot.actor.set_params.remote(ref, version, stats)) for slot in self._slots]
         try:
             healthy = [call for call in calls if call[0].healthy]
