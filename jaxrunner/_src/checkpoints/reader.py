@@ -151,12 +151,10 @@ class CheckpointReader:
                 raise self.error(f"has {name} not finite (NaN or infinity)")
             if is_key(like):
                 # wrap_key_data takes any array-like; its annotation says jax.Array.
-                key = jax.random.wrap_key_data(value, impl=jax.random.key_impl(like))  # type: ignore[arg-type]
-                leaves.append(key)
+                value = jax.random.wrap_key_data(value, impl=jax.random.key_impl(like))  # type: ignore[arg-type]
             elif isinstance(like, jax.Array):
-                leaves.append(jax.device_put(value))
-            else:
-                leaves.append(value)
+                value = jax.device_put(value)
+            leaves.append(value)
         return jax.tree_util.tree_unflatten(treedef, leaves)
 
     def check_ids(self, ids: np.ndarray, next_id: int, returns: np.ndarray, where: str) -> None:
