@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import gymnasium
@@ -91,11 +91,9 @@ class EnvRunnerGroup:
         """Runners replaced so far."""
         self.num_env_steps_sampled = 0
         """Valid transitions returned by :meth:`sample` so far."""
-        options = {
-            "num_cpus": self.config.num_cpus_per_runner,
-            "num_gpus": self.config.num_gpus_per_runner,
-        }
-        self._remote_cls = self._ray.remote(RunnerWorker).options(**options)
+        self._remote_cls = self._ray.remote(RunnerWorker).options(
+            num_cpus=self.config.num_cpus_per_runner, num_gpus=self.config.num_gpus_per_runner
+        )
         self._slots = [self._start(i, 0) for i in range(self.config.num_runners)]
         try:
             self.wait_until_healthy(self.config.start_timeout_s, all_runners=True)
@@ -113,8 +111,7 @@ class EnvRunnerGroup:
     @property
     def healthy_runners(self) -> list[int]:
         """Indices of the runners that are up (started and not known to have failed)."""
-        self._poll_restored()
-        return [slot.index for slot in self._slots if slot.healthy]
+        return [slot.index for slot in self._healthy_slots(block=False)]
 
     def sample(self, concat: bool = True) -> Trajectory | list[Trajectory]:
         """One ``sample()`` of every healthy runner, run in parallel.
@@ -273,7 +270,7 @@ class EnvRunnerGroup:
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _start(self, index: int, incarnation: int) -> _Slot:
+    def _start(self, index: int, incarnation: int, failures: Sequence[str] = ()) -> _Slot:
         actor = self._remote_cls.remote(
             self._env,
             self._policy_factory,
@@ -285,7 +282,7 @@ class EnvRunnerGroup:
             # The latest merged statistics, broadcast or not yet.
             None if self._statistics is None else self._ray.put(jax.device_get(self._statistics)),
         )
-        return _Slot(index, actor, incarnation, actor.ready.remote())
+        return _Slot(index, actor, incarnation, actor.ready.remote(), list(failures))
 
     def _full_params(self, params: Params, ref: Any) -> Any:
         """``ref``, or for ``params`` with some policy ids, every policy's latest params."""
@@ -304,9 +301,7 @@ class EnvRunnerGroup:
                 f"max_restarts={self.config.max_restarts}. Failures: {slot.failures}"
             )
         self.num_restarts += 1
-        new = self._start(slot.index, slot.incarnation + 1)
-        self._slots[slot.index] = new
-        new.failures = slot.failures
+        self._slots[slot.index] = self._start(slot.index, slot.incarnation + 1, slot.failures)
 
     def _poll_restored(self) -> None:
         """Marks runners whose start finished as healthy (restarting those that failed)."""
