@@ -63,7 +63,7 @@ def save(parts: RunnerParts, path: str | os.PathLike) -> None:
         envs_kind, envs_note = _put_env_snapshots(arrays, parts.envs)
         if envs_kind == "none" and parts.envs.can_snapshot:  # said now, not at the restore
             warnings.warn(
-                f"{parts.runner}.save({os.fspath(path)!r}): {envs_note}, so the checkpoint "
+                f"{parts.runner}.save({path!r}): {envs_note}, so the checkpoint "
                 "holds no sub-envs: a restore starts new episodes.",
                 stacklevel=3,
             )

@@ -117,7 +117,7 @@ class CheckpointFile(KeptEpisodeReader):
                 params = self.read_like(npz, "params", params, "params")
             state = self.read_like(npz, "sampler", parts.sampler.get_state(), "sampler state")
             ids, next_id, steps_done = self._check_state(state)
-            metrics = self._read_metrics(npz)
+            metrics = self.read_metrics(npz)
             most = (  # valid and dropped (agent) steps: no kept episode has more
                 int(metrics["agents"]["counters"].sum())
                 if "agents" in metrics
@@ -238,24 +238,3 @@ class CheckpointFile(KeptEpisodeReader):
             self.require(ok, name + lengths_name, f"outside [0, {steps_done}]")
             self.require(np.isfinite(returns).all(), name + returns_name, "not finite")
         return ids, next_id, steps_done
-
-    def _read_metrics(self, npz: NpzReader) -> Any:
-        """The metrics state, with the agent metrics (where the runner keeps them):
-        per-policy and per-agent windows, agent steps that add up."""
-        state = self.read_metrics(npz)
-        if "agents" not in state:
-            return state
-        agents, where = state["agents"], "metrics/agents"
-        ok = np.isfinite(agents["unassigned_reward"])
-        self.require(ok, f"{where}/unassigned_reward", "not finite")
-        for key in ("policies", "agents"):
-            for name, stats in agents[key].items():
-                self.check_window(stats, f"{where}/{key}/{name}", int(stats["counters"][0]))
-            steps = sum(int(stats["counters"][1]) for stats in agents[key].values())
-            self.require(
-                steps == int(agents["counters"][0]),
-                f"{where}/counters",
-                f"whose agent steps ({int(agents['counters'][0])}) are not the sum over "
-                f"{where}/{key} ({steps})",
-            )
-        return state

@@ -172,7 +172,9 @@ class CheckpointReader:
 
     def read_metrics(self, npz: NpzReader) -> Any:
         """The metrics state in the template's structure (windows up to this runner's
-        episode window), counts non-negative, floats finite, counters consistent."""
+        episode window), counts non-negative, floats finite, counters consistent; with the
+        agent metrics (where the runner keeps them): per-policy and per-agent windows,
+        agent steps that add up."""
         leaves = []
         flat, treedef = path_leaves(self.metrics_template)
         why = "this runner's MetricsConfig.episode_window: build it as the saved one"
@@ -191,6 +193,21 @@ class CheckpointReader:
         for key in ("sample_time_s", "perf"):
             ok = np.isfinite(state[key]).all() and (state[key] >= 0).all()
             self.require(ok, f"metrics/{key}", "not finite and >= 0")
+        if "agents" not in state:
+            return state
+        agents, where = state["agents"], "metrics/agents"
+        ok = np.isfinite(agents["unassigned_reward"])
+        self.require(ok, f"{where}/unassigned_reward", "not finite")
+        for key in ("policies", "agents"):
+            for name, stats in agents[key].items():
+                self.check_window(stats, f"{where}/{key}/{name}", int(stats["counters"][0]))
+            steps = sum(int(stats["counters"][1]) for stats in agents[key].values())
+            self.require(
+                steps == int(agents["counters"][0]),
+                f"{where}/counters",
+                f"whose agent steps ({int(agents['counters'][0])}) are not the sum over "
+                f"{where}/{key} ({steps})",
+            )
         return state
 
     def check_window(self, stats: dict[str, np.ndarray], where: str, num_episodes: int) -> None:
@@ -270,7 +287,7 @@ class CheckpointReader:
             "obs": build_tree(obs),
             "action": build_tree(action),
             "reward": reward,
-            "extras": build_tree(extras) if extras else {},
+            "extras": build_tree(extras),
         }
 
     def check_rows(self, space: Any, array: np.ndarray, name: str) -> None:
