@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 import numpy as np
@@ -12,7 +11,6 @@ import numpy as np
 from jaxrunner._src import space_arrays
 from jaxrunner._src.checkpoints.format import bytes_check
 from jaxrunner._src.checkpoints.kept_episodes import (
-    EPISODE_SCALARS,
     KeptEpisodeReader,
     holds_env_states,
     kept_episodes,
@@ -94,14 +92,6 @@ class CheckpointFile(KeptEpisodeReader):
     """The checkpoint at ``path``, read and checked for the runner of ``parts`` (whose
     structure the file must have); nothing is applied. Every failure is an
     :class:`~jaxrunner.errors.InvalidArgumentError` naming the field."""
-
-    def __init__(self, parts: RunnerParts, path: str | os.PathLike) -> None:
-        super().__init__(parts.runner, path, parts.state.metrics)
-        self.parts = parts
-        self.num_envs = int(parts.envs.num_envs)
-        self.scalars = EPISODE_SCALARS[parts.episode_type]
-        self.per_agent = "agent_id" in self.scalars
-        """Agent episodes: one stream per agent and env, not one per env."""
 
     def read(self, load_env_pickles: bool, max_bytes: int = MAX_RESTORE_BYTES) -> Checkpoint:
         """Reads and checks the whole file (of this runner's kind, every value whole);

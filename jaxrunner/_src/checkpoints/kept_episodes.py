@@ -4,6 +4,7 @@ reader reads and checks them back."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 from typing import Any
 
@@ -54,10 +55,13 @@ def holds_env_states(parts: RunnerParts) -> bool:
 class KeptEpisodeReader(CheckpointReader):
     """A checkpoint reader's part that reads and checks the kept episodes."""
 
-    parts: RunnerParts
-    num_envs: int
-    scalars: dict[str, type]
-    per_agent: bool
+    def __init__(self, parts: RunnerParts, path: str | os.PathLike) -> None:
+        super().__init__(parts.runner, path, parts.state.metrics)
+        self.parts = parts
+        self.num_envs = int(parts.envs.num_envs)
+        self.scalars = EPISODE_SCALARS[parts.episode_type]
+        self.per_agent = "agent_id" in self.scalars
+        """Agent episodes: one stream per agent and env, not one per env."""
 
     def _read_episode(
         self,
