@@ -147,3 +147,10 @@ def test_restart_policy_true_is_refused_before_any_env_is_built(entry):
     assert "restart_policy=True" in message and "jr.RestartPolicy()" in message, message
     assert message.endswith("or None to let failures raise; got bool."), message
     assert factory.made == 0
+
+
+@pytest.mark.parametrize("config", [{}, 0, "", 3])
+def test_runner_group_refuses_a_config_that_is_not_one_falsy_or_not(config):
+    # A falsy one ({}, 0, "") used to run with the default config, silently.
+    with pytest.raises(InvalidArgumentError, match=r"expected an EnvRunnerGroupConfig"):
+        jr.EnvRunnerGroup("CartPole-v1", lambda space: None, {}, config=config)

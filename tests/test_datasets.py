@@ -188,6 +188,9 @@ def test_what_from_minari_would_refuse_is_never_written(datasets_path: Path, sam
         jr.to_minari([episodes[0], {}], "jr/wrong/space-v0", **spaces)
     with pytest.raises(ValueError, match=r"seeds=\{0: 1.5\}"):
         jr.to_minari(episodes, "jr/wrong/space-v0", seeds={0: 1.5}, **spaces)
+    for seeds in (5, [(0, 1)]):  # a bare TypeError, and a list of pairs read as a dict
+        with pytest.raises(TypeError, match=r"to_minari\(seeds=.*\): expected a dict"):
+            jr.to_minari(episodes, "jr/wrong/space-v0", seeds=seeds, **spaces)
     assert "jr/wrong/space-v0" not in minari.list_local_datasets()
     with pytest.raises(TypeError, match=r"from_minari\(dataset=3\): expected a dataset id"):
         jr.from_minari(3)

@@ -140,7 +140,7 @@ def _open_local(
     stored = {key: _stored_space(metadata, key, where) for key in _SPACE_KEYS}
     if None in stored.values():
         made = _spaces_from_env_spec(metadata, trusted_entry_point, where, stored)
-        stored = {key: stored[key] or made[key] for key in _SPACE_KEYS}
+        stored = {key: made[key] if stored[key] is None else stored[key] for key in _SPACE_KEYS}
     obs_space, action_space = stored["observation_space"], stored["action_space"]
     assert obs_space is not None and action_space is not None  # made above when missing
     try:

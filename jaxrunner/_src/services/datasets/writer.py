@@ -11,7 +11,7 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.arg_checks import check_space, is_int
+from jaxrunner._src.arg_checks import check_dict, check_space, is_int
 from jaxrunner._src.core.episode import AgentEpisode, Episode
 from jaxrunner._src.services.datasets.dependency import import_minari
 from jaxrunner._src.services.datasets.episode_check import EpisodeCheck
@@ -66,6 +66,7 @@ def to_minari(
     check_space("to_minari", "observation_space", observation_space)
     check_space("to_minari", "action_space", action_space)
     clip = space_arrays.clip_box_actions(action_space)
+    seeds = check_dict("to_minari", "seeds", seeds, "e.g. {0: 42}: episode id -> its reset seed")
     seeds = dict(seeds or {})
     for key, seed in seeds.items():
         if not is_int(key, low=0) or not is_int(seed, low=0):

@@ -69,7 +69,7 @@ class EnvRunnerGroup:
         params: Params,
         config: EnvRunnerGroupConfig | None = None,
     ) -> None:
-        self.config = config or EnvRunnerGroupConfig()
+        self.config = EnvRunnerGroupConfig() if config is None else config
         if not isinstance(self.config, EnvRunnerGroupConfig):
             raise InvalidArgumentError(
                 f"EnvRunnerGroup(config=...): expected an EnvRunnerGroupConfig, got {config!r}."
