@@ -122,3 +122,29 @@ def test_report_chunk_sizes_are_checked(tmp_path):
         for bad in (0, -1, 1.5, True):
             with pytest.raises(jr.errors.InvalidArgumentError, match="report_chunk_bytes"):
                 local_client(server, report_chunk_bytes=bad)
+
+
+def test_a_refused_report_of_an_episode_without_steps_says_the_reaper_ends_it(
+    tmp_path, monkeypatch
+):
+    """No step: no observation to end the server's episode on, so nothing ends it but
+    its reaper (the error said it was ended)."""
+    with image_server(tmp_path) as (env, server), local_client(server) as client:
+        eid, observations = run_local_episode(client, 0)
+        stream, paths = client._http.stream, []
+
+        @contextlib.contextmanager
+        def report_refused(method, path, **kwargs):
+            paths.append(path)
+            if path.endswith("/report"):
+                yield httpx.Response(503, json={"error": {"code": "x", "message": "down"}})
+                return
+            with stream(method, path, **kwargs) as response:
+                yield response
+
+        monkeypatch.setattr(client._http, "stream", report_refused)
+        with pytest.raises(ReportError, match="left to the server's reaper") as caught:
+            client.end_episode(eid, observations[-1])
+        assert not caught.value.ended_on_server and caught.value.steps_reported == 0
+        assert paths == [f"/v1/episodes/{eid}/report"]
+        assert env.get_metrics()["num_live_episodes"] == 1

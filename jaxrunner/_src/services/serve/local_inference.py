@@ -130,8 +130,10 @@ class EpisodeReport:
     ) -> None:
         """After a chunk the server refused (nothing of it recorded): ends the
         server's episode as truncated after the ``reported`` steps it has, freeing
-        its slot, and raises :class:`ReportError`."""
-        ended = True
+        its slot, and raises :class:`ReportError`. Without an episode (no step, or its
+        steps could not be stacked) there is no observation to end it on: the server's
+        reaper ends it."""
+        ended = episode is not None
         try:
             if episode is not None:
                 obs = space_arrays.take(self.observation_space, episode.obs, reported)
