@@ -23,7 +23,12 @@ from jaxrunner import ExternalEnvConfig  # noqa: E402
 from jaxrunner._src.services.serve import wire  # noqa: E402
 from jaxrunner.models import mlp_policy  # noqa: E402
 from jaxrunner.multi_agent import MultiAgentExternalEnv  # noqa: E402
-from jaxrunner.serve import MultiAgentPolicyClient, PolicyServer, PolicyServerError  # noqa: E402
+from jaxrunner.serve import (  # noqa: E402
+    MultiAgentPolicyClient,
+    PolicyClient,
+    PolicyServer,
+    PolicyServerError,
+)
 
 OBS_SPACE = spaces.Box(-1.0, 1.0, (4,), np.float32)
 ACTION_SPACE = spaces.Discrete(3)
@@ -131,10 +136,10 @@ def test_large_bodies_are_decoded_checked_and_answered_off_the_event_loop(tmp_pa
 
 
 @contextlib.contextmanager
-def fake_server(action_answer: bytes):
-    """A server that describes two agents, then answers every POST with
-    ``action_answer`` (200)."""
-    spaces_json = {
+def fake_server(action_answer: bytes, spaces_json: dict | list | None = None):
+    """A server that describes two agents (or answers ``spaces_json``), then answers
+    every POST with ``action_answer`` (200)."""
+    spaces_json = spaces_json or {
         "agents": {
             a: {
                 "observation_space": wire.space_to_json(OBS_SPACE),
@@ -171,6 +176,30 @@ def fake_server(action_answer: bytes):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_either_client_refuses_answers_without_the_fields_it_reads():
+    one_agent = {"observation_space": wire.space_to_json(OBS_SPACE)}  # no action_space
+    no_action = pytest.raises(PolicyServerError, match=r"GET /v1/spaces has no 'action_space'")
+    with fake_server(b"{}", one_agent) as url, no_action:
+        PolicyClient(url, token="x" * 16)
+    one_agent["action_space"] = wire.space_to_json(ACTION_SPACE)
+    with fake_server(b"{}", one_agent) as url, PolicyClient(url, token="x" * 16) as client:
+        with pytest.raises(PolicyServerError, match=r"/v1/episodes has no 'episode_id'") as caught:
+            client.start_episode()
+        assert caught.value.code == "invalid_answer"
+        with pytest.raises(PolicyServerError, match=r"/v1/episodes/0/action has no 'action'"):
+            client.get_action(0, OBS)
+    no_actions = pytest.raises(PolicyServerError, match=r"/action has no 'actions'")
+    with (
+        fake_server(b"[1]") as url,
+        MultiAgentPolicyClient(url, token="x" * 16) as client,
+        no_actions,
+    ):
+        client.get_action(0, {"a0": OBS})
+    no_agents = pytest.raises(PolicyServerError, match=r"GET /v1/spaces has no 'agents'")
+    with fake_server(b"{}", [1]) as url, no_agents:  # (an object without it: the other kind)
+        MultiAgentPolicyClient(url, token="x" * 16)
 
 
 def test_client_refuses_answers_that_omit_agents_are_too_long_or_too_deep():

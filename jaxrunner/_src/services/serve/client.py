@@ -70,13 +70,18 @@ class _Client:
         )
         try:
             self._spaces = self._call("GET", "/v1/spaces")
-            if ("agents" in self._spaces) is not self.multi_agent:
+            if (
+                isinstance(self._spaces, dict)
+                and ("agents" in self._spaces) is not self.multi_agent
+            ):
                 other = "single-agent" if self.multi_agent else "multi-agent"
                 client = "PolicyClient" if self.multi_agent else "MultiAgentPolicyClient"
                 raise errors.InvalidArgumentError(
                     f"{type(self).__name__}({url!r}): the server serves a {other} env; talk "
                     f"to it with jaxrunner.serve.{client}."
                 )
+            kind = ("agents",) if self.multi_agent else ("observation_space", "action_space")
+            self._fields(self._spaces, "GET /v1/spaces", kind)
         except BaseException:
             self._http.close()
             raise
@@ -84,7 +89,7 @@ class _Client:
     def start_episode(self, episode_id: int | None = None, training_enabled: bool = True) -> int:
         """Starts an episode on the server; returns its id."""
         body = {"episode_id": episode_id, "training_enabled": training_enabled}
-        return int(self._call("POST", "/v1/episodes", body)["episode_id"])
+        return int(self._call("POST", "/v1/episodes", body, fields=("episode_id",))["episode_id"])
 
     def get_metrics(self) -> dict[str, Any]:
         """The server's metrics."""
@@ -100,15 +105,34 @@ class _Client:
         self.close()
 
     def _call(
-        self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        params: dict[str, Any] | None = None,
+        fields: tuple[str, ...] = (),
     ) -> Any:
+        """The server's answer, a JSON object with ``fields`` (else ``invalid_answer``)."""
         if self._http.is_closed:
             raise errors.ClosedError(
                 f"{type(self).__name__}: called after close(); create a new client."
             )
-        return request_json(
+        out = request_json(
             self._http, method, path, body, params=params, max_bytes=self.max_answer_bytes
         )
+        return self._fields(out, f"{method} {path}", fields)
+
+    def _fields(self, out: Any, request: str, fields: tuple[str, ...]) -> Any:
+        missing = [f for f in fields if not isinstance(out, dict) or f not in out]
+        if missing:
+            raise PolicyServerError(
+                f"{type(self).__name__}: the server's answer to {request} has no "
+                f"{', '.join(map(repr, missing))}; is the URL a jaxrunner policy server of "
+                "the same version?",
+                200,
+                "invalid_answer",
+            )
+        return out
 
     @staticmethod
     def _encode(space: spaces.Space, value: Any, name: str, *, bounds: bool = True) -> Any:
@@ -228,7 +252,7 @@ class PolicyClient(_Client):
         if self._local is not None:
             return self._local.get_action(episode_id, obs)
         body = {"obs": self._encode(self.observation_space, obs, "obs")}
-        out = self._call("POST", f"/v1/episodes/{episode_id}/action", body)
+        out = self._call("POST", f"/v1/episodes/{episode_id}/action", body, fields=("action",))
         return self._decode(self.action_space, out["action"], "action")
 
     def log_action(self, episode_id: int, obs: Any, action: Any) -> None:
@@ -295,7 +319,7 @@ class PolicyClient(_Client):
         """The server's params and their version (None: unchanged since
         ``params_version``)."""
         since = {} if self.params_version < 0 else {"since": self.params_version}
-        out = self._call("GET", "/v1/params", params=since)
+        out = self._call("GET", "/v1/params", params=since, fields=("params", "version"))
         if out["params"] is None:
             return None, self.params_version
         self.num_param_pulls += 1
@@ -355,8 +379,8 @@ class MultiAgentPolicyClient(_Client):
                 (``invalid_answer``).
         """
         body = {"obs": self._encode_agents(obs, "get_action", "obs")}
-        out = self._call("POST", f"/v1/episodes/{episode_id}/action", body)
-        actions = out.get("actions") if isinstance(out, dict) else None
+        out = self._call("POST", f"/v1/episodes/{episode_id}/action", body, fields=("actions",))
+        actions = out["actions"]
         if not isinstance(actions, dict) or set(actions) != set(obs):
             got = sorted(actions) if isinstance(actions, dict) else type(actions).__name__
             raise PolicyServerError(
