@@ -357,6 +357,8 @@ def test_run_thread_for_subclasses():
         env.start()
         with pytest.raises(KeyError, match="boom"):
             env.join(10)
+        with pytest.raises(errors.InvalidArgumentError, match=r"^Broken.start\(\): the run"):
+            env.start()  # named by its class: a MultiAgentExternalEnv's said ExternalEnv
 
 
 def test_config_is_checked():

@@ -33,7 +33,9 @@ class RunDriven:
             InvalidArgumentError: a thread was already started.
         """
         if self._run_thread is not None:
-            raise InvalidArgumentError("ExternalEnv.start(): the run() thread was already started.")
+            raise InvalidArgumentError(
+                f"{type(self).__name__}.start(): the run() thread was already started."
+            )
 
         def target() -> None:
             try:
