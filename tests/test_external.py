@@ -370,6 +370,10 @@ def test_config_is_checked():
     ):
         with pytest.raises(errors.InvalidArgumentError, match="ExternalEnvConfig"):
             jr.ExternalEnvConfig(**bad)
+    policy = mlp_policy(ACTION_SPACE, hidden=(4,))
+    params = policy.init(jax.random.key(0), OBS_SPACE)
+    with pytest.raises(errors.InvalidArgumentTypeError, match=r"^ExternalEnv\(config=\.\.\.\)"):
+        jr.ExternalEnv(OBS_SPACE, ACTION_SPACE, policy, params, config={"max_batch": 4})
 
 
 def test_check_value_composite_spaces():

@@ -472,3 +472,8 @@ def test_a_single_agent_env_is_the_one_agent_case():
         one, many = single.get_metrics(), multi.get_metrics()
         for key in ("num_env_steps", "num_episodes", "episode_return_mean", "num_policy_rows"):
             assert one[key] == many[key], key
+
+
+def test_a_config_of_another_type_is_refused_by_name():
+    with pytest.raises(InvalidArgumentTypeError, match=r"^MultiAgentExternalEnv\(config=\.\.\.\)"):
+        make_env(ComingAndGoing(), config={"max_batch": 4})  # AttributeError before

@@ -401,6 +401,14 @@ def test_token_file_is_private_and_checked(served, tmp_path):
     assert ServerConfig().host == "127.0.0.1"
 
 
+def test_configs_of_another_type_are_refused_by_name():
+    env = make_env()
+    with pytest.raises(errors.InvalidArgumentTypeError, match=r"expected a jaxrunner.serve.Serv"):
+        PolicyServer(env, config={"port": 0})  # AttributeError before
+    with pytest.raises(errors.InvalidArgumentTypeError, match=r"PolicyClient\(local_config="):
+        PolicyClient("http://127.0.0.1:1", inference="local", local_config={"max_batch": 1})
+
+
 def test_wire_round_trips_and_refusals():
     for array in (
         np.arange(6, dtype=np.int16).reshape(2, 3),

@@ -111,15 +111,17 @@ def check_space(where: str, name: str, value: Any) -> spaces.Space:
     return value
 
 
-def check_config(where: str, config: Any, cls: type[C], name: str = "config") -> C:
+def check_config(
+    where: str, config: Any, cls: type[C], name: str = "config", home: str = "jaxrunner"
+) -> C:
     """``config`` (argument ``name``) as a ``cls`` (None: the defaults, ``cls()``);
-    anything else refused."""
+    anything else refused, naming ``cls`` in its public module ``home``."""
     if config is None:
         return cls()
     if not isinstance(config, cls):
         got = type(config).__name__
         raise InvalidArgumentTypeError(
-            f"{where}({name}=...): expected a jaxrunner.{cls.__name__}, got {got}."
+            f"{where}({name}=...): expected a {home}.{cls.__name__}, got {got}."
         )
     return config
 

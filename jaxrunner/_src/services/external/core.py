@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 import jaxrunner._src.services.external.checks as checks
-from jaxrunner._src.arg_checks import check_bool, check_int
+from jaxrunner._src.arg_checks import check_bool, check_config, check_int
 from jaxrunner._src.core.agent_groups import AgentGroup, GroupedAgents
 from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.core.metrics import EpisodeStats
@@ -45,10 +45,10 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
         policies: Mapping[str, Policy],
         params: Mapping[str, Params],
         seed: int,
-        config: ExternalEnvConfig,
+        config: ExternalEnvConfig | None,
     ) -> None:
         self.groups = tuple(groups)
-        self.config = config
+        self.config = config = check_config(type(self).__name__, config, ExternalEnvConfig)
         self.seed = int(seed)
         agents = self.possible_agents
         checks.check_key_steps(type(self).__name__, config.max_episode_steps, len(agents))

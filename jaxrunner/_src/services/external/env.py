@@ -64,9 +64,7 @@ class ExternalEnv(ExternalEnvCore[Episode]):
         self.action_space = action_space
         self.policy = policy
         group = AgentGroup(AGENT, (AGENT,), observation_space, action_space)
-        super().__init__(
-            [group], {AGENT: policy}, {AGENT: params}, seed, config or ExternalEnvConfig()
-        )
+        super().__init__([group], {AGENT: policy}, {AGENT: params}, seed, config)
 
     def _opened(self, live: EpisodeRecord) -> None:
         self._join(live, [AGENT], "start_episode", from_start=True)  # in it from its start

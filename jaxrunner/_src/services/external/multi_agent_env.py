@@ -74,7 +74,7 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
                 "MultiAgentExternalEnv",
                 f"policies[{pid!r}]",
             )
-        super().__init__(groups, self.policies, initial_params, seed, config or ExternalEnvConfig())
+        super().__init__(groups, self.policies, initial_params, seed, config)
 
     @classmethod
     def from_pettingzoo(

@@ -15,7 +15,7 @@ from gymnasium import spaces
 
 import jaxrunner._src.services.external.checks as checks
 import jaxrunner.errors as errors
-from jaxrunner._src.arg_checks import check_int, check_number, check_path
+from jaxrunner._src.arg_checks import check_config, check_int, check_number, check_path
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.services.external import ExternalEnvConfig
 from jaxrunner._src.services.serve import wire
@@ -199,6 +199,8 @@ class PolicyClient(_Client):
     ) -> None:
         check_int("PolicyClient", "report_chunk_steps", report_chunk_steps)
         check_int("PolicyClient", "report_chunk_bytes", report_chunk_bytes)
+        if local_config is not None:
+            check_config("PolicyClient", local_config, ExternalEnvConfig, "local_config")
         if inference not in ("remote", "local"):
             raise errors.InvalidArgumentError(
                 f"PolicyClient(inference={inference!r}): expected 'remote' or 'local'."

@@ -12,6 +12,7 @@ from typing import Any
 
 import uvicorn
 
+from jaxrunner._src.arg_checks import check_config
 from jaxrunner._src.services.external import ExternalEnv, MultiAgentExternalEnv
 from jaxrunner._src.services.external.run_thread import RunDriven
 from jaxrunner._src.services.serve.auth import default_token_file, load_or_create_token
@@ -55,13 +56,17 @@ class PolicyServer:
         if not isinstance(env, RunDriven):  # the base both kinds of ExternalEnv share
             raise InvalidArgumentTypeError(
                 "PolicyServer(env=...): expected a jaxrunner.ExternalEnv or a "
-                f"jaxrunner._src.services.external.MultiAgentExternalEnv, got {type(env).__name__}."
+                f"jaxrunner.multi_agent.MultiAgentExternalEnv, got {type(env).__name__}."
             )
         if config is not None and fields:
             raise InvalidArgumentError(
                 "PolicyServer(): pass a ServerConfig or keyword fields, not both."
             )
-        self.config = config = config or ServerConfig(**fields)
+        if config is None:
+            config = ServerConfig(**fields)
+        self.config = config = check_config(
+            "PolicyServer", config, ServerConfig, home="jaxrunner.serve"
+        )
         self.env = env
         self.token_file: pathlib.Path | None = None
         self.token: str | None = None
