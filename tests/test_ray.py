@@ -654,8 +654,9 @@ def test_group_whose_runners_refuse_params_keeps_and_restarts_from_the_old_ones(
     bad = jax.tree.map(lambda x: np.zeros((*x.shape, 2), x.dtype), group_params[1])
     config = small_group_config(num_runners=1, max_restarts=1)
     with jr.EnvRunnerGroup("CartPole-v1", POLICY, group_params[0], config) as group:
-        with pytest.raises(jr.errors.SpaceMismatchError):
+        with pytest.raises(jr.errors.SpaceMismatchError) as caught:
             group.set_params(bad)
+        assert "EnvRunnerGroup.set_params(): raised by a runner's" in caught.value.__notes__[-1]
         assert group.params_version == group.get_metrics()["params_version"] == 0
         kill_runner(group, 0)
         assert group.get_metrics()["num_runner_restarts"] == 1  # replaced

@@ -184,7 +184,13 @@ class EnvRunnerGroup:
         except ray.exceptions.RayTaskError as err:  # bad params: the caller's to fix
             self._params_ref, self._params_version = old
             cause = getattr(err, "cause", None)
-            raise (cause if isinstance(cause, Exception) else err) from err
+            if not isinstance(cause, Exception):
+                raise
+            cause.add_note(
+                "(EnvRunnerGroup.set_params(): raised by a runner's own set_params; the group "
+                "keeps its old params.)"
+            )
+            raise cause from err
 
     @property
     def params_version(self) -> int:
