@@ -92,12 +92,17 @@ def test_log_action_stores_the_action_with_its_log_prob_under_current_params(ext
     obs1, reward, *_ = env.step(1)
     external.log_returns(eid, reward)
     external.log_returns(eid, 0.5)  # rewards add up until the next action
+    external.log_returns(eid, 1.7e308)
+    with pytest.raises(errors.InvalidArgumentError, match="overflows to inf; nothing was added"):
+        external.log_returns(eid, 1.7e308)  # two finite rewards, an infinite sum
     action = external.get_action(eid, obs1)
     obs2, *_ = env.step(int(action))
     external.end_episode(eid, obs2, truncated=True)
     (episode,) = external.poll_episodes()
     assert episode.action.tolist() == [1, int(action)]
-    assert episode.reward[0] == reward + 0.5 and episode.truncated and not episode.terminated
+    assert (
+        episode.reward[0] == reward + 0.5 + 1.7e308 and episode.truncated and not episode.terminated
+    )
     params, _ = external.get_params()
     expected = policy.log_prob_fn(params, obs0[None], None, jnp.array([1]))
     # A GPU's matmul of one row and of the server's padded batch may round apart.

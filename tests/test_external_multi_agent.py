@@ -159,6 +159,10 @@ def test_log_action_records_actions_as_given():
         env.log_action(eid, obs, given)
         obs2, rewards, *_ = pz.step(given)
         env.log_returns(eid, rewards)
+        env.log_returns(eid, {"a1": 1e308})
+        with pytest.raises(InvalidArgumentError, match="agent 'a1''s latest action overflows"):
+            env.log_returns(eid, {"a0": 1.0, "a1": 1e308})  # refused whole: a0 gets nothing
+        rewards["a1"] += 1e308
         env.end_episode(eid, {a: obs2[a] for a in given}, truncated=True)
         episodes = {e.agent_id: e for e in env.poll_episodes()}
     for agent, action in given.items():

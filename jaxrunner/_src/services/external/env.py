@@ -116,7 +116,9 @@ class ExternalEnv(ExternalEnvCore[Episode]):
                     f"log_returns(episode_id={episode_id}): the episode has no action yet; a "
                     "reward belongs to the action it followed. Call get_action or log_action first."
                 )
-            record.pending_reward += float(reward)
+            record.pending_reward = record.reward_plus(
+                float(reward), f"log_returns(episode_id={episode_id})", "the episode's"
+            )
             live.last_seen = time.monotonic()
 
     def end_episode(self, episode_id: int, obs: Any, *, truncated: bool = False) -> None:

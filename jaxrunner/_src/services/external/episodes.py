@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import time
 from typing import Any
 
@@ -19,7 +20,12 @@ from jaxrunner._src.services.external.memory import (
     step_nbytes,
     tree_nbytes,
 )
-from jaxrunner.errors import EpisodeConflictError, EpisodeNotFoundError, TooManyEpisodesError
+from jaxrunner.errors import (
+    EpisodeConflictError,
+    EpisodeNotFoundError,
+    InvalidArgumentError,
+    TooManyEpisodesError,
+)
 
 MAX_EPISODE_ID = 2**63 - 1
 ENDED_IDS_KEPT = 100_000  # ended ids remembered, to refuse their reuse (and answer 410)
@@ -54,6 +60,18 @@ class AgentRecord:
     @property
     def num_actions(self) -> int:
         return len(self.actions)
+
+    def reward_plus(self, reward: float, call: str, whose: str) -> float:
+        """``pending_reward + reward``, refused where two finite rewards sum to an infinite
+        one (``whose``: the action's, for the message)."""
+        total = self.pending_reward + reward
+        if not math.isfinite(total):
+            raise InvalidArgumentError(
+                f"{call}: reward={reward!r} added to the {self.pending_reward!r} already logged "
+                f"for {whose} latest action overflows to {total}; nothing was added. Scale the "
+                "rewards down."
+            )
+        return total
 
     @property
     def ends_as_episode(self) -> bool:

@@ -149,8 +149,13 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
         with self._lock:
             live = self._get_live(episode_id, "log_returns", rewards)
             self._join(live, list(rewards), "log_returns")
-            for agent, reward in rewards.items():
-                live.agents[agent].pending_reward += float(reward)
+            call = f"log_returns(episode_id={episode_id})"
+            totals = {
+                a: live.agents[a].reward_plus(float(r), call, f"agent {a!r}'s")
+                for a, r in rewards.items()
+            }
+            for agent, total in totals.items():  # all checked first: a refusal adds none
+                live.agents[agent].pending_reward = total
             live.last_seen = time.monotonic()
 
     def end_agents(self, episode_id: int, obs: dict[str, Any], *, truncated: bool = False) -> None:
