@@ -125,6 +125,26 @@ def test_multi_agent_hand_loop_refuses_agents_it_cannot_stack():
         bench.MultiAgentHandLoop(coming_and_going, 1, 8, 0)
 
 
+def test_multi_agent_hand_loop_closes_the_envs_it_built_when_one_fails():
+    built: list[object] = []
+
+    class Env:
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    def env_fn() -> Env:
+        if len(built) == 2:
+            raise RuntimeError("the third env fails")
+        built.append(Env())
+        return built[-1]
+
+    with pytest.raises(RuntimeError, match="the third env fails"):
+        bench.MultiAgentHandLoop(env_fn, 3, 8, 0)
+    assert [env.closed for env in built] == [True, True]  # left open before
+
+
 def test_a_failing_child_request_names_the_system_and_the_child_goes_on():
     with Child("test", jax_defaults=True) as child:
         spec = {"system": "hand", "backend": "sync", "env": "NoSuchEnv-v0", "num_envs": 1}

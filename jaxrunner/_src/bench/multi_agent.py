@@ -74,8 +74,10 @@ class MultiAgentHandLoop:
         check_int("MultiAgentHandLoop", "num_envs", num_envs)
         check_int("MultiAgentHandLoop", "rollout_length", rollout_length)
         self.num_envs, self.rollout_length = num_envs, rollout_length
-        self.envs = [env_fn() for _ in range(num_envs)]
-        try:
+        self.envs: list[Any] = []
+        try:  # the envs built before a failing one are closed too
+            for _ in range(num_envs):
+                self.envs.append(env_fn())
             self._build(seed)
         except BaseException:
             self.close()
