@@ -268,7 +268,7 @@ class CeilingSystem:
     def _policy_call(self) -> None:
         # One bare policy call as the hand loop makes it: numpy in, numpy out.
         action, extras, self._key = self._act(self._params, self._obs, self._key)
-        np.asarray(action), np.asarray(extras["log_prob"])
+        _ = np.asarray(action), np.asarray(extras["log_prob"])
 
     def _policy_compute(self) -> None:
         # The same call on observations already on the device, waiting for it.
