@@ -1,5 +1,5 @@
 """Checking one episode of a Minari dataset, as read or about to be written, and
-building its Episode."""
+building its Episode; the optional Minari import both directions need."""
 
 from __future__ import annotations
 
@@ -12,7 +12,17 @@ from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.core.episode import Episode
-from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.errors import InvalidArgumentError, MissingDependencyError
+
+
+def import_minari() -> Any:
+    try:
+        import minari
+    except ImportError as err:
+        raise MissingDependencyError(
+            'jaxrunner._src.services.datasets needs Minari: pip install "jaxrunner[minari]".'
+        ) from err
+    return minari
 
 
 class EpisodeCheck:

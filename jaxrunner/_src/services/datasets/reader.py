@@ -11,8 +11,7 @@ from gymnasium import spaces
 
 from jaxrunner._src.arg_checks import is_int
 from jaxrunner._src.core.episode import Episode
-from jaxrunner._src.services.datasets.dependency import import_minari
-from jaxrunner._src.services.datasets.episode_check import EpisodeCheck
+from jaxrunner._src.services.datasets.episode_check import EpisodeCheck, import_minari
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 MAX_METADATA_BYTES = 1 << 26

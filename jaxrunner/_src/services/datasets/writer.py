@@ -13,8 +13,7 @@ from gymnasium import spaces
 from jaxrunner._src import space_arrays
 from jaxrunner._src.arg_checks import check_dict, check_space, is_int
 from jaxrunner._src.core.episode import AgentEpisode, Episode
-from jaxrunner._src.services.datasets.dependency import import_minari
-from jaxrunner._src.services.datasets.episode_check import EpisodeCheck
+from jaxrunner._src.services.datasets.episode_check import EpisodeCheck, import_minari
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 
