@@ -90,11 +90,8 @@ class RunnerWorker:
         """Loads the group's merged statistics (a runner's list, or lists by policy id)."""
         by_policy = self.runner.to_policy_dict(statistics, "EnvRunnerGroup statistics")
         states = self._connector_states()
-        self.runner.set_connector_state(
-            self.runner.from_policy_dict(
-                {pid: set_statistics(states[pid], stats) for pid, stats in by_policy.items()}
-            )
-        )
+        loaded = {pid: set_statistics(states[pid], stats) for pid, stats in by_policy.items()}
+        self.runner.set_connector_state(self.runner.from_policy_dict(loaded))
 
     def get_connector_state(self) -> Any:
         return self.runner.get_connector_state()
