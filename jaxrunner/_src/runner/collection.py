@@ -41,11 +41,8 @@ def sample_once(runner: Any, progress: bool = False) -> Any:
 def sampled_episodes(runner: Any, include_faulty: bool) -> list[Any]:
     """The episodes one more sample completes (seen from their first step; faulty ones
     with ``include_faulty``), in the order they started."""
-    episodes = runner.state.episodes
-    done = episodes.complete(sample_once(runner).split_episodes())
-    done = [e for e in done if include_faulty or not e.faulty]
-    done.sort(key=episodes.order)
-    return done
+    done = runner.state.episodes.complete(sample_once(runner).split_episodes())  # in order
+    return [e for e in done if include_faulty or not e.faulty]
 
 
 def collect_episodes(
