@@ -23,6 +23,7 @@ from jaxrunner._src.services.serve.auth import read_token
 from jaxrunner._src.services.serve.client_http import (
     MAX_ANSWER_BYTES,
     PolicyServerError,
+    check_fields,
     request_json,
 )
 from jaxrunner._src.services.serve.local_inference import EpisodeReport, LocalEnv
@@ -81,7 +82,7 @@ class _Client:
                     f"to it with jaxrunner.serve.{client}."
                 )
             kind = ("agents",) if self.multi_agent else ("observation_space", "action_space")
-            self._fields(self._spaces, "GET /v1/spaces", kind)
+            check_fields(self._spaces, kind, "GET /v1/spaces", 200)  # (the route answers 200)
         except BaseException:
             self._http.close()
             raise
@@ -117,22 +118,15 @@ class _Client:
             raise errors.ClosedError(
                 f"{type(self).__name__}: called after close(); create a new client."
             )
-        out = request_json(
-            self._http, method, path, body, params=params, max_bytes=self.max_answer_bytes
+        return request_json(
+            self._http,
+            method,
+            path,
+            body,
+            params=params,
+            max_bytes=self.max_answer_bytes,
+            fields=fields,
         )
-        return self._fields(out, f"{method} {path}", fields)
-
-    def _fields(self, out: Any, request: str, fields: tuple[str, ...]) -> Any:
-        missing = [f for f in fields if not isinstance(out, dict) or f not in out]
-        if missing:
-            raise PolicyServerError(
-                f"{type(self).__name__}: the server's answer to {request} has no "
-                f"{', '.join(map(repr, missing))}; is the URL a jaxrunner policy server of "
-                "the same version?",
-                200,
-                "invalid_answer",
-            )
-        return out
 
     @staticmethod
     def _encode(space: spaces.Space, value: Any, name: str, *, bounds: bool = True) -> Any:

@@ -104,6 +104,20 @@ def raise_for(status: int, answer: Any) -> None:
     raise PolicyServerError(text, status, code)
 
 
+def check_fields(answer: Any, fields: tuple[str, ...], request: str, status: int) -> Any:
+    """``answer``, a JSON object with ``fields``; else :class:`PolicyServerError`
+    (``invalid_answer``)."""
+    missing = [f for f in fields if not isinstance(answer, dict) or f not in answer]
+    if missing:
+        raise PolicyServerError(
+            f"the server's answer to {request} has no {', '.join(map(repr, missing))}; is the "
+            "URL a jaxrunner policy server of the same version?",
+            status,
+            "invalid_answer",
+        )
+    return answer
+
+
 def request_json(
     http: httpx.Client,
     method: str,
@@ -113,10 +127,12 @@ def request_json(
     content: bytes | None = None,
     params: dict[str, Any] | None = None,
     max_bytes: int = MAX_ANSWER_BYTES,
+    fields: tuple[str, ...] = (),
 ) -> Any:
     """The server's JSON answer to a request (``body`` as JSON, or ``content`` already
-    encoded), read up to ``max_bytes``; errors raised as :func:`raise_for` does, or as
-    :class:`PolicyServerError` (``answer_too_large``, ``invalid_answer``)."""
+    encoded), read up to ``max_bytes``, an object with ``fields``; errors raised as
+    :func:`raise_for` does, or as :class:`PolicyServerError` (``answer_too_large``,
+    ``invalid_answer``)."""
     headers = None if content is None else {"Content-Type": "application/json"}
     with http.stream(
         method, path, json=body, content=content, params=params, headers=headers
@@ -138,4 +154,5 @@ def request_json(
         except PolicyServerError:
             answer = bytes(data[:200]).decode("utf-8", "replace")
         raise_for(response.status_code, answer)
-    return parse_answer(bytes(data), response.status_code, path)
+    answer = parse_answer(bytes(data), response.status_code, path)
+    return check_fields(answer, fields, f"{method} {path}", response.status_code)
