@@ -441,7 +441,7 @@ def main() -> None:
         serve_rllib(args.torch_threads)
         return
     if args.quick:
-        args.widths, args.backends, args.rounds, args.seconds = [8], ["sync"], 2, 0.3
+        args.widths, args.backends, args.rounds, args.seconds = [8], ["sync"], 2, 0.05
     unknown = [b for b in args.backends if b not in ("sync", "process")]
     if unknown:
         parser.error(f"--backends {unknown}: expected sync and/or process")
