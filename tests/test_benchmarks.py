@@ -605,9 +605,10 @@ def test_one_agent_groups_times_the_dense_block_and_the_multi_agent_one(tmp_path
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_suite_cpu_counts_each_kind_of_process_and_jax_compiles(tmp_path):
+    # A child that burns 1 s of CPU: read twice a second, it loses at most 0.5 s of it.
     child = tmp_path / "child.py"
     child.write_text(
-        "import time\nend = time.process_time() + 1.5\nwhile time.process_time() < end:\n    pass\n"
+        "import time\nend = time.process_time() + 1.0\nwhile time.process_time() < end:\n    pass\n"
     )
     (tmp_path / "test_tiny.py").write_text(
         "import subprocess, sys\nimport jax\n\n\ndef test_tiny():\n"
@@ -620,7 +621,7 @@ def test_suite_cpu_counts_each_kind_of_process_and_jax_compiles(tmp_path):
     )
     report = json.loads(out.read_text())
     assert report["pytest_exit_code"] == 0
-    assert report["kinds"]["other: child.py"]["cpu_s"] >= 1.0
+    assert report["kinds"]["other: child.py"]["cpu_s"] >= 0.5
     assert report["kinds"]["pytest"]["cpu_s"] > 0
     assert report["cpu_s"] == pytest.approx(sum(k["cpu_s"] for k in report["kinds"].values()))
     events = report["test_processes_jax_s"]
