@@ -51,7 +51,7 @@ def test_bench_report_holds_every_round_and_each_system_ran_at_its_dispatch(
     # Shorter rollouts by the same kind of rule: the parent's T reaches every child.
     monkeypatch.setattr(rounds.timing, "rollout_length", lambda n, steps: max(8, 64 // n))
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
-    argv = ["bench", "--num-envs", "1", "3", "--rounds", "2", "--seconds", "0.05"]
+    argv = ["bench", "--num-envs", "1", "3", "--rounds", "2", "--seconds", "0.01"]
     assert cli.main([*argv, "--json", "--out", str(out), "--plot", str(png)]) == 0
     report = json.loads(capsys.readouterr().out)  # stdout holds only the JSON
     assert json.loads(out.read_text()) == report
@@ -147,7 +147,7 @@ def test_bench_on_a_pettingzoo_env_times_the_multi_agent_runner_on_both_backends
     monkeypatch.setattr(rounds.timing, "rollout_length", lambda num_envs, steps: 16)
     out = tmp_path / "bench.json"
     argv = ["bench", "--env", "mpe2:simple_spread_v3", "--num-envs", "2", "--backend", "all"]
-    argv += ["--rounds", "2", "--seconds", "0.05", "--out", str(out)]
+    argv += ["--rounds", "2", "--seconds", "0.01", "--out", str(out)]
     assert cli.main(argv) == 0
     text = capsys.readouterr().out
     report = json.loads(out.read_text())
