@@ -1,15 +1,23 @@
-"""The HTTP side of a policy client: its JSON requests, and the server's errors raised as
-exceptions."""
+"""The HTTP side of a policy client: its JSON requests, the server's errors raised as
+exceptions, and the client core both kinds of client share (connection, kind check,
+episodes, metrics)."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+import os
+import uuid
+from typing import Any, ClassVar, Self
 
 import httpx
+from gymnasium import spaces
 
 import jaxrunner.errors as errors
+from jaxrunner._src.arg_checks import check_int, check_number, check_path
 from jaxrunner._src.core.episode import Episode
+from jaxrunner._src.services.serve import wire
+from jaxrunner._src.services.serve.auth import read_token
+from jaxrunner._src.space_arrays import check_value
 
 
 class PolicyServerError(errors.JaxRunnerError, RuntimeError):
@@ -156,3 +164,110 @@ def request_json(
         raise_for(response.status_code, answer)
     answer = parse_answer(bytes(data), response.status_code, path)
     return check_fields(answer, fields, f"{method} {path}", response.status_code)
+
+
+class ClientCore:
+    """What both clients share: the connection, the server's spaces, episodes, metrics."""
+
+    multi_agent: ClassVar[bool]
+    """The kind of env this client talks to (the server says it in ``/v1/spaces``)."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        token_file: str | os.PathLike[str] | None,
+        client_id: str | None,
+        timeout_s: float,
+        max_answer_bytes: int,
+    ) -> None:
+        check_int(type(self).__name__, "max_answer_bytes", max_answer_bytes)
+        check_number(type(self).__name__, "timeout_s", timeout_s, low_open=True, hint="seconds")
+        if token_file is not None:
+            check_path(type(self).__name__, "token_file", token_file)
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise errors.InvalidArgumentError(
+                f"{type(self).__name__}(url={url!r}): expected the server's http:// or "
+                "https:// URL, as PolicyServer.url gives it (e.g. 'http://127.0.0.1:8000')."
+            )
+        if token is None and token_file is not None:
+            token = read_token(token_file)
+        headers = {"X-Client-Id": client_id or f"client-{uuid.uuid4().hex[:12]}"}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        self.max_answer_bytes = max_answer_bytes
+        self._http = httpx.Client(
+            base_url=url,
+            headers=headers,
+            timeout=timeout_s,
+            # Expiring before the server's keep-alive (30 s): no request on a closing connection.
+            limits=httpx.Limits(
+                max_connections=256, max_keepalive_connections=256, keepalive_expiry=10.0
+            ),
+        )
+        try:
+            self._spaces = self._call("GET", "/v1/spaces")
+            if (
+                isinstance(self._spaces, dict)
+                and ("agents" in self._spaces) is not self.multi_agent
+            ):
+                other = "single-agent" if self.multi_agent else "multi-agent"
+                client = "PolicyClient" if self.multi_agent else "MultiAgentPolicyClient"
+                raise errors.InvalidArgumentError(
+                    f"{type(self).__name__}({url!r}): the server serves a {other} env; talk "
+                    f"to it with jaxrunner.serve.{client}."
+                )
+            kind = ("agents",) if self.multi_agent else ("observation_space", "action_space")
+            check_fields(self._spaces, kind, "GET /v1/spaces", 200)  # (the route answers 200)
+        except BaseException:
+            self._http.close()
+            raise
+
+    def start_episode(self, episode_id: int | None = None, training_enabled: bool = True) -> int:
+        """Starts an episode on the server; returns its id."""
+        body = {"episode_id": episode_id, "training_enabled": training_enabled}
+        return int(self._call("POST", "/v1/episodes", body, fields=("episode_id",))["episode_id"])
+
+    def get_metrics(self) -> dict[str, Any]:
+        """The server's metrics."""
+        return self._call("GET", "/v1/metrics")
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        params: dict[str, Any] | None = None,
+        fields: tuple[str, ...] = (),
+    ) -> Any:
+        """The server's answer, a JSON object with ``fields`` (else ``invalid_answer``)."""
+        if self._http.is_closed:
+            raise errors.ClosedError(
+                f"{type(self).__name__}: called after close(); create a new client."
+            )
+        return request_json(
+            self._http,
+            method,
+            path,
+            body,
+            params=params,
+            max_bytes=self.max_answer_bytes,
+            fields=fields,
+        )
+
+    @staticmethod
+    def _encode(space: spaces.Space, value: Any, name: str, *, bounds: bool = True) -> Any:
+        return wire.encode_tree(space, check_value(space, value, name, bounds=bounds))
+
+    @staticmethod
+    def _decode(space: spaces.Space, tree: Any, name: str) -> Any:
+        return check_value(space, wire.decode_tree(space, tree, name), name, bounds=False)
