@@ -283,6 +283,32 @@ def test_bench_refuses_an_env_gymnasium_does_not_know_before_measuring(capsys, m
     assert measured == envs
 
 
+def test_bench_refuses_an_env_no_chosen_backends_library_knows(capsys, monkeypatch):
+    """With EnvPool or gymnax installed, any id was let through (it might be theirs), so
+    ``--backend all --env NoSuchEnv-v9`` measured, every system failing at every width.
+    Now each installed library's own list is asked too."""
+    from jaxrunner._src.bench import benchmark
+
+    monkeypatch.setattr(rounds, "not_installed", lambda needs: None)  # as if all installed
+    monkeypatch.setattr(benchmark, "_registry", lambda backend: [f"{backend}-Only-v0"])
+    monkeypatch.setattr(bench, "run", lambda *a: pytest.fail("measured"))
+    assert cli.main(["bench", "--backend", "all", "--env", "NoSuchEnv-v9"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jaxrunner bench: --env NoSuchEnv-v9: gymnasium has no such env (")
+    assert "nor EnvPool (envpool.list_all_envs()), nor gymnax (gymnax.registered_envs); " in err
+    assert cli.main(["bench", "--backend", "envpool", "--env", "NoSuchEnv-v9"]) == 2
+    assert capsys.readouterr().err == (
+        "jaxrunner bench: --env NoSuchEnv-v9: EnvPool (envpool.list_all_envs()) has no such "
+        "env; give an id it lists.\n"
+    )
+    measured = []  # an id one chosen library lists still runs
+    monkeypatch.setattr(bench, "run", lambda c, log: measured.append(c.backends) or {"results": []})
+    for backend in ("all", "envpool", "jax"):
+        env = "jax-Only-v0" if backend == "jax" else "envpool-Only-v0"
+        assert cli.main(["bench", "--backend", backend, "--env", env, "--json"]) == 1
+    assert [len(b) for b in measured] == [len(rounds.PLANS), 1, 1]
+
+
 def test_bench_rejects_unknown_backend():
     with pytest.raises(SystemExit):
         cli.main(["bench", "--backend", "nope"])

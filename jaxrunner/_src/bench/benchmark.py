@@ -95,28 +95,54 @@ class BenchConfig:
 
 
 def check_env_id(config: BenchConfig, said: str) -> None:
-    """Refuses ``config.env`` (``said`` names it) before anything is measured where gymnasium
-    knows no such id and every backend that would run makes its envs with gymnasium (not
-    EnvPool or gymnax, whose ids are their own; nor a workload or a PettingZoo env)."""
-    own_ids = [b for b in config.backends if b in ("envpool", JAX_BACKEND)]
-    if (
-        config.workload is not None
-        or plans_for(config.env) is MULTI_AGENT_PLANS
-        or len(own_ids) == len(config.backends)
-        or any(not PLANS[b].unavailable() for b in own_ids)
-    ):
+    """Refuses ``config.env`` (``said`` names it) before anything is measured where no
+    library that a chosen backend makes its envs with knows the id: gymnasium, and
+    EnvPool's or gymnax's registry where those backends are chosen and installed (a
+    workload or a PettingZoo env is not checked)."""
+    if config.workload is not None or plans_for(config.env) is MULTI_AGENT_PLANS:
         return
+    own_ids = [b for b in config.backends if b in _REGISTRY_NAMES]
+    installed = [b for b in own_ids if not PLANS[b].unavailable()]
+    if any(config.env in _registry(b) for b in installed):
+        return
+    if len(own_ids) == len(config.backends):
+        if not installed:  # each is skipped, and the report says why
+            return
+        names = " or ".join(_REGISTRY_NAMES[b] for b in installed)
+        raise InvalidArgumentError(
+            f"{said} {config.env}: {names} has no such env; give an id it lists."
+        )
     try:
         with warnings.catch_warnings():  # resolving only: gymnasium.make warns where it runs
             warnings.simplefilter("ignore")
             _find_spec(config.env)
     except Exception as err:  # not found, malformed, or its module:EnvId module fails
+        also = "".join(f", nor {_REGISTRY_NAMES[b]}" for b in installed)
         raise InvalidArgumentError(
-            f"{said} {config.env}: gymnasium has no such env ({type(err).__name__}: {err}); "
-            "give an id it knows (e.g. CartPole-v1, or module:EnvId to import the module that "
-            "registers it) or a PettingZoo parallel env as module:name (e.g. "
+            f"{said} {config.env}: gymnasium has no such env ({type(err).__name__}: {err})"
+            f"{also}; give an id it knows (e.g. CartPole-v1, or module:EnvId to import the "
+            "module that registers it) or a PettingZoo parallel env as module:name (e.g. "
             "mpe2:simple_spread_v3)."
         ) from err
+
+
+def _registry(backend: str) -> list[str]:
+    """The ids of the library that ``backend`` (a key of ``_REGISTRY_NAMES``) makes its
+    envs with."""
+    if backend == "envpool":
+        import envpool  # type: ignore[import-not-found]  # the optional extra
+
+        return envpool.list_all_envs()
+    import gymnax  # type: ignore[import-not-found]  # the optional extra
+
+    return gymnax.registered_envs
+
+
+# The backends whose envs come from a library's own ids, and where it lists them.
+_REGISTRY_NAMES = {
+    "envpool": "EnvPool (envpool.list_all_envs())",
+    JAX_BACKEND: "gymnax (gymnax.registered_envs)",
+}
 
 
 def run(config: BenchConfig, log: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
