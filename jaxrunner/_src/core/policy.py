@@ -30,16 +30,11 @@ from jaxrunner._src.core.module_policy import (
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 
-def dummy_obs(observation_space: spaces.Space, batch: int = 1) -> Any:
-    """A batch of zero observations with the space's structure, shapes and dtypes."""
-    return space_arrays.allocate(observation_space, (batch,))
-
-
 def one_row_args(policy: Policy, params: Any, observation_space: spaces.Space) -> tuple:
     """``policy.apply_fn``'s arguments for one zero row of ``observation_space`` (to
     trace it abstractly: ``jax.eval_shape(policy.apply_fn, *one_row_args(...))``)."""
     keys = jax.random.split(jax.random.key(0), 1)
-    return params, dummy_obs(observation_space), policy.batched_carry(1), keys
+    return params, space_arrays.allocate(observation_space, (1,)), policy.batched_carry(1), keys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +183,8 @@ class Policy:
             raise InvalidArgumentTypeError(
                 f"Policy.init(key={key!r:.40}): expected a JAX random key, e.g. jax.random.key(0)."
             )
-        return self.init_fn(key, dummy_obs(observation_space), self.batched_carry(1))
+        obs = space_arrays.allocate(observation_space, (1,))
+        return self.init_fn(key, obs, self.batched_carry(1))
 
     def recording_carry(self, name: str = "carry") -> Policy:
         """This recurrent policy with each step's carry (the one it acted from, reset

@@ -11,8 +11,9 @@ import jax.numpy as jnp
 from gymnasium import spaces
 
 import jaxrunner._src.samplers.keys as keys
+from jaxrunner._src import space_arrays
 from jaxrunner._src.arg_checks import check_int
-from jaxrunner._src.core.policy import Carry, Params, Policy, dummy_obs
+from jaxrunner._src.core.policy import Carry, Params, Policy
 from jaxrunner._src.samplers.kept_programs import avals, kept_for
 from jaxrunner.errors import InvalidArgumentError
 
@@ -67,7 +68,7 @@ def policy_flops_per_row(policy: Policy, params: Params, obs_space: spaces.Space
     """XLA's estimate of ``policy``'s flops per row of ``obs_space`` (what the policy
     sees), from its HLO for one row (nothing runs); None where there is none or the
     policy does not trace on a dummy row."""
-    one_row = jax.tree.map(jnp.asarray, dummy_obs(obs_space, 1))
+    one_row = jax.tree.map(jnp.asarray, space_arrays.allocate(obs_space, (1,)))
     args = (params, one_row, policy.batched_carry(1), jax.random.split(keys.key(0), 1))
 
     def estimate() -> float | None:
