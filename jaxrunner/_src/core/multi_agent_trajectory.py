@@ -16,7 +16,6 @@ from jaxrunner._src.core import next_obs_store
 from jaxrunner._src.core.episode import AgentEpisode, cut_steps
 from jaxrunner._src.core.time_major import (
     MAX_LOAD_BYTES,
-    VERSION,
     HostOrDevice,
     StoredNextObs,
     TimeMajor,
@@ -203,7 +202,7 @@ class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
             InvalidArgumentError: the file is not a valid multi-agent trajectory file;
                 the message names the field (or member) at fault and what is wrong.
         """
-        with TrajectoryFile(path, cls._FORMAT, VERSION, max_bytes, cls.__name__) as file:
+        with TrajectoryFile(path, cls, max_bytes) as file:
             spec = file.read_spec()
             env = file.read_fields(spec.get("fields"), _ENV_FIELDS, optional=("valid",))
             lead = lead_shape(env, "env_id", "[T, B]", file.error)

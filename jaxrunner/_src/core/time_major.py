@@ -17,11 +17,9 @@ from jaxrunner._src.arg_checks import check_int, check_path
 from jaxrunner._src.core import next_obs_store
 from jaxrunner._src.core.next_obs_store import FinalObs
 from jaxrunner._src.core.npz_file import write_npz
-from jaxrunner._src.core.trajectory_file import encode_tree
+from jaxrunner._src.core.trajectory_file import VERSION, encode_tree
 from jaxrunner.errors import InvalidArgumentError
 
-VERSION = 1
-"""The version of the trajectory file formats."""
 MAX_LOAD_BYTES = 1 << 33
 """The ``load`` methods' default cap on the arrays' memory (8 GiB)."""
 
@@ -236,12 +234,10 @@ class StoredNextObs(TimeMajor):
         return jax.tree.map(lambda x: x[start:stop], rest).replace(next_obs_store=sliced)
 
 
-_NEXT_OBS = ("next_obs", "next_obs_store")
-
-
 def replace_fields(self: Any, **updates: Any) -> Any:
     """A copy with the given fields replaced (``next_obs=`` replaces the store)."""
-    if "obs" in updates and updates.keys().isdisjoint(_NEXT_OBS) and self.is_compact:
+    no_next_obs = updates.keys().isdisjoint(("next_obs", "next_obs_store"))
+    if "obs" in updates and no_next_obs and self.is_compact:
         self = self.dense()  # a compact next_obs is built from obs: keep the one it had
     if "next_obs" in updates:
         updates["next_obs_store"] = updates.pop("next_obs")

@@ -13,7 +13,6 @@ import numpy as np
 from jaxrunner._src.core.episode import Episode, cut_steps
 from jaxrunner._src.core.time_major import (
     MAX_LOAD_BYTES,
-    VERSION,
     HostOrDevice,
     StoredNextObs,
     replace_fields,
@@ -127,18 +126,16 @@ class Trajectory(StoredNextObs, flax.struct.PyTreeNode):
             InvalidArgumentError: the file is not a valid trajectory file; the message
                 names the field (or member) at fault and what is wrong with it.
         """
-        with TrajectoryFile(path, cls._FORMAT, VERSION, max_bytes) as file:
+        with TrajectoryFile(path, cls, max_bytes) as file:
             spec = file.read_spec()
             # valid is optional: files saved before it existed load as all valid.
             fields = file.read_fields(spec.get("fields"), cls._file_fields(), optional=("valid",))
         lead = lead_shape(fields, "reward", "[T, B]", file.error)
         # The ids a Trajectory built by hand may leave out (None) are saved as None.
-        check_fields(fields, lead, "reward's", file.error, may_be_none=_IDS)
+        ids = ("env_id", "episode_id", "step")
+        check_fields(fields, lead, "reward's", file.error, may_be_none=ids)
         return cls(**fields)
 
-
-_IDS = ("env_id", "episode_id", "step")
-"""The fields a Trajectory may hold as None."""
 
 # After the class: flax's dataclass transform sets its own replace on the class.
 Trajectory.replace = replace_fields  # type: ignore[method-assign]

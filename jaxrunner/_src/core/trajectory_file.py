@@ -15,6 +15,8 @@ from jaxrunner._src.arg_checks import check_int, check_path
 from jaxrunner._src.core.npz_file import NpzReader
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
+VERSION = 1
+"""The version of the trajectory file formats."""
 MAX_SPEC_BYTES = 1 << 20
 """The most bytes the JSON spec may take."""
 MAX_TREE_DEPTH = 32
@@ -62,21 +64,14 @@ def encode_tree(tree: Any, arrays: dict[str, np.ndarray]) -> Any:
 
 
 class TrajectoryFile(NpzReader):
-    """An open trajectory file (a context manager) whose spec must name
-    ``expected_format`` and ``expected_version``, its arrays within ``max_bytes`` (None: no
-    cap); ``kind``, the class that loads it (``"Trajectory"``), is named in errors."""
+    """An open file of the trajectory class ``cls`` (a context manager) whose spec must
+    name ``cls._FORMAT`` and :data:`VERSION`, its arrays within ``max_bytes`` (None: no
+    cap); errors name ``cls``."""
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        expected_format: str,
-        expected_version: int,
-        max_bytes: int | None,
-        kind: str = "Trajectory",
-    ) -> None:
-        self._format, self._version, self._kind = expected_format, expected_version, kind
-        path = check_path(f"{kind}.load", "path", path)
-        check_int(f"{kind}.load", "max_bytes", max_bytes, low=0, none="for no cap")
+    def __init__(self, path: str | os.PathLike[str], cls: Any, max_bytes: int | None) -> None:
+        self._format, self._kind = cls._FORMAT, cls.__name__
+        path = check_path(f"{self._kind}.load", "path", path)
+        check_int(f"{self._kind}.load", "max_bytes", max_bytes, low=0, none="for no cap")
         super().__init__(path, self.error, max_bytes, "; pass a larger max_bytes")
 
     def error(self, what: str) -> InvalidArgumentError:
@@ -95,10 +90,10 @@ class TrajectoryFile(NpzReader):
         spec = self.read_json("__spec__", "spec", MAX_SPEC_BYTES)
         if not isinstance(spec, dict):
             raise self.error("has a spec that is not a JSON object")
-        if spec.get("format") != self._format or spec.get("version") != self._version:
+        if spec.get("format") != self._format or spec.get("version") != VERSION:
             raise InvalidArgumentError(
                 f"{os.fspath(self.path)}: expected format {self._format} version "
-                f"{self._version}, got {spec.get('format')!r} version {spec.get('version')!r}."
+                f"{VERSION}, got {spec.get('format')!r} version {spec.get('version')!r}."
             )
         return spec
 
