@@ -205,7 +205,7 @@ class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
         with TrajectoryFile(path, cls, max_bytes) as file:
             spec = file.read_spec()
             env = file.read_fields(spec.get("fields"), _ENV_FIELDS, optional=("valid",))
-            lead = lead_shape(env, "env_id", "[T, B]", file.error)
+            lead = lead_shape(env, "env_id", file.error)
             check_fields(env, lead, "env_id's", file.error)
             agents = _agents_of(spec.get("groups"), file.error)
             groups = {}

@@ -130,7 +130,7 @@ class Trajectory(StoredNextObs, flax.struct.PyTreeNode):
             spec = file.read_spec()
             # valid is optional: files saved before it existed load as all valid.
             fields = file.read_fields(spec.get("fields"), cls._file_fields(), optional=("valid",))
-        lead = lead_shape(fields, "reward", "[T, B]", file.error)
+        lead = lead_shape(fields, "reward", file.error)
         # The ids a Trajectory built by hand may leave out (None) are saved as None.
         ids = ("env_id", "episode_id", "step")
         check_fields(fields, lead, "reward's", file.error, may_be_none=ids)

@@ -137,13 +137,12 @@ class TrajectoryFile(NpzReader):
         )
 
 
-def lead_shape(fields: dict[str, Any], name: str, axes: str, error: ErrorFn) -> tuple[int, ...]:
-    """The shape of field ``name``, which must be one array with the axes ``axes``
-    (``"[T, B]"``): the leading shape the other fields are checked against."""
+def lead_shape(fields: dict[str, Any], name: str, error: ErrorFn) -> tuple[int, ...]:
+    """The shape of field ``name``, which must be one ``[T, B]`` array: the leading shape
+    the other fields are checked against."""
     array = fields.get(name)
-    ndim = axes.count(",") + 1
-    if not isinstance(array, np.ndarray) or array.ndim != ndim:
-        raise error(f"has a {name} of shape {getattr(array, 'shape', None)}; expected {axes}")
+    if not isinstance(array, np.ndarray) or array.ndim != 2:
+        raise error(f"has a {name} of shape {getattr(array, 'shape', None)}; expected [T, B]")
     return array.shape
 
 
