@@ -3,7 +3,6 @@ checked in place, written to the block's rows of the stacked buffers once per bl
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +18,6 @@ from jaxrunner._src.backends.sub_env_block import (
     RUNNING,
     EnvFactory,
     Marks,
-    PerSize,
     StepResult,
     SubEnvBlock,
     SubEnvRaised,
@@ -28,20 +26,6 @@ from jaxrunner._src.backends.sub_env_block import (
 from jaxrunner._src.space_arrays import check_flag, check_info, check_reward
 from jaxrunner._src.space_arrays.checks import all_finite_test, nonfinite_observations
 from jaxrunner.errors import JaxRunnerError, SpaceMismatchError
-
-
-class ActionSplitters:
-    """Validating splitters of action batches into per-sub-env actions, built once per
-    batch size (:func:`jaxrunner._src.space_arrays.make_action_splitter`)."""
-
-    def __init__(self, action_space: gymnasium.Space) -> None:
-        self.action_space = action_space
-        self._by_size = PerSize(functools.partial(space_arrays.make_action_splitter, action_space))
-
-    def split(self, actions: Any, size: int) -> list[Any]:
-        """``actions`` (a batch of ``size``) as one action per sub-env; raises
-        InvalidActionError before anything steps if the batch does not fit."""
-        return self._by_size[size](actions)
 
 
 class GymnasiumBlock(SubEnvBlock):

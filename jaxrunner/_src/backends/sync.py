@@ -20,7 +20,7 @@ from jaxrunner._src.backends.base import (
     env_spaces,
 )
 from jaxrunner._src.backends.capabilities import Capabilities
-from jaxrunner._src.backends.gymnasium_block import ActionSplitters, GymnasiumBlock
+from jaxrunner._src.backends.gymnasium_block import GymnasiumBlock
 from jaxrunner._src.backends.in_process import BlockForwarding, InProcessSends
 from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
 from jaxrunner._src.backends.multi_agent.drivers import Driver, make_driver
@@ -74,7 +74,9 @@ class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
         self._block = GymnasiumBlock(
             self.envs, self.env_fns, 0, self._buffers, obs_space, restart_policy
         )
-        self._actions = ActionSplitters(self.single_action_space)
+        self._actions = PerSize(
+            functools.partial(space_arrays.make_action_splitter, self.single_action_space)
+        )
 
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
@@ -93,9 +95,7 @@ class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
         return space_arrays.take(self.single_observation_space, self._obs, index), info
 
     def _checked(self, actions: Any, rows: slice | None) -> list[Any]:
-        return self._actions.split(
-            actions, self.num_envs if rows is None else rows.stop - rows.start
-        )
+        return self._actions[self.num_envs if rows is None else rows.stop - rows.start](actions)
 
     def _step(self, per_env: list[Any], rows: slice | None) -> BatchStep:
         lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)

@@ -3,6 +3,7 @@ shared step loop (a ``GymnasiumBlock``, or an ``AgentBlock`` for PettingZoo envs
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -12,12 +13,13 @@ import numpy as np
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.agent_block import AgentBlock, env_groups
 from jaxrunner._src.backends.base import check_equal_spaces, env_spaces
-from jaxrunner._src.backends.gymnasium_block import ActionSplitters, GymnasiumBlock
+from jaxrunner._src.backends.gymnasium_block import GymnasiumBlock
 from jaxrunner._src.backends.ray.progress import SharedMarks, attach
 from jaxrunner._src.backends.restarts import RestartPolicy, closing_on_error
 from jaxrunner._src.backends.steps import FIELDS, BatchStep, MultiAgentStep, StepBuffers
 from jaxrunner._src.backends.sub_env_block import (
     EnvFactory,
+    PerSize,
     SubEnvBlock,
     build_envs,
     failed_mask,
@@ -74,7 +76,9 @@ class EnvWorker(ActorBody):
         first = envs[0]
         self.space, self.rows = first.observation_space, slice(offset, offset + len(envs))
         self._described = (self.space, first.action_space, first.metadata, first.render_mode)
-        self._actions = ActionSplitters(first.action_space)
+        self._actions = PerSize(
+            functools.partial(space_arrays.make_action_splitter, first.action_space)
+        )
         # By global index, as the block writes them (the rows before offset stay untouched).
         buffers = StepBuffers.allocate(self.space, self.rows.stop)
         self.block = GymnasiumBlock(
@@ -100,7 +104,7 @@ class EnvWorker(ActorBody):
     def step(self, lo: int, hi: int, actions: Any) -> BatchStep:
         """Steps rows ``[lo, hi)`` of the block (``actions`` holds those rows)."""
         lo, hi = self.rows.start + lo, self.rows.start + hi
-        out = self.block.step(lo, hi, self._actions.split(actions, hi - lo))
+        out = self.block.step(lo, hi, self._actions[hi - lo](actions))
         # Errors cross a process boundary: one that does not survive pickling goes as its repr.
         errors = {i: e if pickled(e) else RuntimeError(repr(e)) for i, e in out.errors.items()}
         failed = failed_mask(out.failed, lo, hi)
