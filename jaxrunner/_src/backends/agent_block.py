@@ -51,7 +51,7 @@ class AgentBlock(SubEnvBlock):
         groups: Sequence[AgentGroup],
         offset: int = 0,
         *,
-        fns: Sequence[EnvFactory] | None = None,
+        fns: Sequence[EnvFactory],
         restart_policy: RestartPolicy | None = None,
         buffers: AgentStepBuffers | None = None,
         status: Marks | None = None,

@@ -36,7 +36,7 @@ class GymnasiumBlock(SubEnvBlock):
     def __init__(
         self,
         envs: list[gymnasium.Env],
-        fns: Sequence[EnvFactory] | None,
+        fns: Sequence[EnvFactory],
         offset: int,
         buffers: StepBuffers,
         obs_space: gymnasium.Space,

@@ -14,7 +14,7 @@ from jaxrunner._src.backends.env_api import check_env
 from jaxrunner._src.backends.restarts import RestartPolicy, close_quietly, recreation_failed, retry
 from jaxrunner._src.backends.sub_env_handle import run_on_env
 from jaxrunner._src.core.seeds import restart_seed
-from jaxrunner.errors import EnvError, InvalidArgumentError, JaxRunnerError
+from jaxrunner.errors import EnvError, JaxRunnerError
 
 EnvFactory = Callable[[], Any]
 """A zero-argument callable returning a sub-env (a gymnasium env, or a PettingZoo
@@ -87,19 +87,15 @@ class SubEnvBlock(abc.ABC):
     def __init__(
         self,
         envs: Sequence[Any],
-        fns: Sequence[EnvFactory] | None,
+        fns: Sequence[EnvFactory],
         offset: int,
         restart_policy: RestartPolicy | None,
         status: Marks | None = None,
     ) -> None:
-        if restart_policy is not None and fns is None:
-            raise InvalidArgumentError(
-                f"{type(self).__name__}(restart_policy=...) needs the factories (fns)."
-            )
         # A list is kept as is: the sync backend's ``envs`` is this list.
         self.envs = envs if isinstance(envs, list) else list(envs)
         self.offset, self.restart_policy = offset, restart_policy
-        self.fns = list(fns) if fns is not None else None
+        self.fns = list(fns)
         self.status: Marks = status if status is not None else bytearray(offset + len(self.envs))
         self.num_restarts = 0
         """Sub-envs recreated after a failure."""
@@ -152,7 +148,7 @@ class SubEnvBlock(abc.ABC):
         """Replaces sub-env ``i`` by a new, reset one and returns its reset infos; an
         EnvError (``cause`` chained) when every attempt fails."""
         policy, fns = self.restart_policy, self.fns
-        assert policy is not None and fns is not None  # internal: only called with a policy
+        assert policy is not None  # internal: only called with a policy
         j = i - self.offset
         close_quietly(self.envs[j])
         self._restarts[j] += 1
