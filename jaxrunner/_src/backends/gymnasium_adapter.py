@@ -71,20 +71,18 @@ class GymnasiumVectorEnv(InProcessSends, GymnasiumSubEnvs, WrappedOutputs, Vecto
         copy: bool = True,
     ) -> None:
         super().__init__(copy=copy)
+        self._closed_reason = "construction failed"  # until built
         if not isinstance(env, gymnasium.vector.VectorEnv):
-            self._closed_reason = "construction failed"
             raise InvalidArgumentTypeError(
                 f"from_gymnasium(vector_env=...): expected a gymnasium.vector.VectorEnv, got "
                 f"{type(env).__name__}. Wrap a single env with gymnasium.vector.SyncVectorEnv"
                 "([make_env] * n), or use jaxrunner.make_vec(make_env, n)."
             )
         if isinstance(env, gymnasium.vector.VectorWrapper):
-            self._closed_reason = "construction failed"
             raise InvalidArgumentTypeError(
                 f"from_gymnasium(vector_env=...): {vector_wrapper_hint(env)}"
             )
         if getattr(env, "closed", False) is True:  # (a closed SyncVectorEnv still steps)
-            self._closed_reason = "construction failed"
             raise InvalidArgumentError(
                 f"from_gymnasium(vector_env=...): this {type(env).__name__} is closed; pass "
                 "a new one."
@@ -95,9 +93,9 @@ class GymnasiumVectorEnv(InProcessSends, GymnasiumSubEnvs, WrappedOutputs, Vecto
         try:
             self._init_from(env, masked_reset)
         except BaseException:
-            self._closed_reason = "construction failed"
             env.close()
             raise
+        self._closed_reason = None
 
     def _init_from(self, env: gymnasium.vector.VectorEnv, masked_reset: MaskedReset | None) -> None:
         mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
