@@ -111,12 +111,6 @@ class BaseVectorEnv(abc.ABC):
         return self.num_restarts
 
     @abc.abstractmethod
-    def reset_at(
-        self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> Any:
-        """Resets sub-env ``index`` alone (the others are untouched)."""
-
-    @abc.abstractmethod
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
 
