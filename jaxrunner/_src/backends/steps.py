@@ -238,11 +238,8 @@ class GroupBuffers:
     next_obs_rows: Any = None
 
     @classmethod
-    def allocate(
-        cls, group: AgentGroup, num_envs: int, alloc: Allocator | None = None
-    ) -> GroupBuffers:
-        """Buffers for ``num_envs`` sub-envs from ``alloc`` (default: new zeroed ones)."""
-        alloc = alloc or Zeros(num_envs)
+    def allocate(cls, group: AgentGroup, num_envs: int, alloc: Allocator) -> GroupBuffers:
+        """Buffers for ``num_envs`` sub-envs from ``alloc``."""
         lead, shape = (group.num_agents,), (num_envs, group.num_agents)
         return cls.of(
             obs=alloc.space(group.observation_space, lead),
