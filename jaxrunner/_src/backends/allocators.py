@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from typing import Any, Protocol
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -16,30 +16,19 @@ from jaxrunner._src import space_arrays
 _ALIGN = 64  # a cache line: carved arrays never share one
 
 
-class Allocator(Protocol):
-    """Hands out the arrays of a block of ``num_envs`` sub-envs, in the order asked."""
-
-    num_envs: int
-
-    def take(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        """An array of ``shape`` (its first axis ``num_envs``)."""
-        ...
-
-    def space(self, space: gymnasium.Space, lead: tuple[int, ...] = ()) -> Any:
-        """Buffers of ``space``'s values, ``[num_envs, *lead, ...]``."""
-        ...
-
-
 class Zeros:
-    """New zeroed arrays, owned by the caller."""
+    """New zeroed arrays, owned by the caller. Both allocators hand out the arrays of a
+    block of ``num_envs`` sub-envs, in the order asked."""
 
     def __init__(self, num_envs: int) -> None:
         self.num_envs = num_envs
 
     def take(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """An array of ``shape`` (its first axis ``num_envs``)."""
         return np.zeros(shape, dtype)
 
     def space(self, space: gymnasium.Space, lead: tuple[int, ...] = ()) -> Any:
+        """Buffers of ``space``'s values, ``[num_envs, *lead, ...]``."""
         return space_arrays.allocate(space, (self.num_envs, *lead))
 
 
@@ -66,6 +55,9 @@ class Carver:
             lambda leaf: self.take((self.num_envs, *lead, *leaf.shape[1:]), leaf.dtype),
             template,
         )
+
+
+Allocator = Zeros | Carver
 
 
 def create_shared_block(nbytes: int) -> tuple[int, mmap.mmap]:
