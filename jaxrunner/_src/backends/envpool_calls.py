@@ -63,8 +63,7 @@ class EnvPoolCalls:
     def __init__(self, pool: Any) -> None:
         self.pool = pool
         config = pool.config
-        self.num_envs = int(config["num_envs"])
-        self.all_ids = np.arange(self.num_envs, dtype=np.int32)
+        self.all_ids = np.arange(int(config["num_envs"]), dtype=np.int32)
         """Every sub-env's id, in order."""
         state_keys: list[str] = list(getattr(pool, "_state_keys", ()))
         self.direct = (
