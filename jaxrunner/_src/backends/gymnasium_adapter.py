@@ -87,9 +87,7 @@ class GymnasiumVectorEnv(InProcessSends, GymnasiumSubEnvs, WrappedOutputs, Vecto
                 f"from_gymnasium(vector_env=...): this {type(env).__name__} is closed; pass "
                 "a new one."
             )
-        # Any: Sync/AsyncVectorEnv (and envs that follow them) have call/get_attr/set_attr;
-        # gymnasium's VectorEnv does not declare them.
-        self.env: Any = env
+        self.env = env  # typed Any by GymnasiumSubEnvs: it calls call/get_attr/set_attr
         try:
             self._init_from(env, masked_reset)
         except BaseException:
