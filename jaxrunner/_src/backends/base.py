@@ -270,9 +270,10 @@ class VectorEnv(GroupedAgents, BaseVectorEnv, gymnasium.vector.VectorEnv):
     ) -> tuple[Any, dict[str, Any]]:
         """Resets sub-env ``index`` only; returns its observation and info."""
 
-    @abc.abstractmethod
     def _obs_buffer(self) -> Any:
-        """The current observations, ``[B, ...]`` (a view of the env's buffer)."""
+        """The current observations, ``[B, ...]`` (a view of the env's buffer): ``_obs``
+        where the backend keeps them there."""
+        return self._obs  # type: ignore[attr-defined]
 
     def reset(
         self,

@@ -267,9 +267,6 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
             env_ids, reset if reset.any() else None,
         )  # fmt: skip
 
-    def _obs_buffer(self) -> Any:
-        return self._obs
-
     def _close_backend(self) -> None:
         self.env.close()
 

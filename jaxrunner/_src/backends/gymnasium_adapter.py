@@ -221,9 +221,6 @@ class GymnasiumVectorEnv(InProcessSends, GymnasiumSubEnvs, WrappedOutputs, Vecto
         checked = self._action_check(actions)
         return actions if self._composite_actions else checked
 
-    def _obs_buffer(self) -> Any:
-        return self._obs
-
     def _close_backend(self) -> None:
         self.env.close()
 

@@ -123,9 +123,6 @@ class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
     def _install(self, restored: list[Any]) -> None:
         self.envs[:] = restored  # in place: the step loop holds this list
 
-    def _obs_buffer(self) -> Any:
-        return self._obs
-
 
 class SyncMultiAgentVectorEnv(BlockForwarding, InProcessSends, MultiAgentVectorEnv):
     """Every sub-env in this process, stepped in turn.
