@@ -57,15 +57,10 @@ class SplitInfos(Sequence[dict[str, Any]]):
         override: Mapping[int, dict[str, Any]] | None = None,
         rows: Sequence[int] | np.ndarray | None = None,
     ) -> None:
-        self._merged, self._num_envs, self._skip = merged, num_envs, skip
+        self.merged, self._num_envs, self._skip = merged, num_envs, skip
         self._override = override or {}
         self._rows = rows
         self._cache: dict[int, dict[str, Any]] = {}
-
-    @property
-    def merged(self) -> Mapping[str, Any]:
-        """The merged info the per-env infos are split from."""
-        return self._merged
 
     def __len__(self) -> int:
         return self._num_envs
@@ -82,7 +77,7 @@ class SplitInfos(Sequence[dict[str, Any]]):
             return self._override[i]
         if i not in self._cache:
             row = i if self._rows is None else int(self._rows[i])
-            self._cache[i] = split_info(self._merged, row, self._skip) if self._merged else {}
+            self._cache[i] = split_info(self.merged, row, self._skip) if self.merged else {}
         return self._cache[i]
 
 
