@@ -129,7 +129,6 @@ def measure_env_step_us(
     env: Any,
     seed: int | None,
     *,
-    budget_s: float = PROBE_BUDGET_S,
     max_steps: int = PROBE_MAX_STEPS,
     where: list[str] | None = None,
 ) -> float:
@@ -141,7 +140,7 @@ def measure_env_step_us(
         where[0] = "reset"
         act, step = _probe_calls(env, 0 if seed is None else int(seed))
         times: list[float] = []
-        deadline = time.perf_counter() + budget_s
+        deadline = time.perf_counter() + PROBE_BUDGET_S
         for i in range(max_steps + 1):
             action = act()
             where[0] = f"step {i + 1}"
