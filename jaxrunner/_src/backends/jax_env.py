@@ -108,7 +108,6 @@ class JaxVectorEnv(GroupedAgents):
                     f"(it has no agents), which takes no {name}; it applies to JaxMARL-style "
                     f"envs only. Leave {name} at its default."
                 )
-        self.multi_agent = False
         if isinstance(env_params, int) and not isinstance(env_params, bool):
             raise InvalidArgumentError(
                 f"JaxVectorEnv(env_params={env_params}): expected the env's params (None: its "
