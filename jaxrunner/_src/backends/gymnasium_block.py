@@ -8,6 +8,7 @@ from typing import Any
 
 import gymnasium
 import numpy as np
+from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.env_api import reset_result, step_result
@@ -49,7 +50,14 @@ class GymnasiumBlock(SubEnvBlock):
         self.write_next_obs = space_arrays.make_writer(obs_space, buffers.next_obs)
         # Array observations (Box, MultiBinary, MultiDiscrete) are checked inline and
         # written in one slice assignment per step: a numpy write per row costs more.
-        self._obs_leaf = _array_leaf(obs_space)
+        # (None: Discrete's observations are ints, Dict's and Tuple's are trees.)
+        self._obs_leaf: tuple[np.dtype, tuple[int, ...]] | None = None
+        if isinstance(obs_space, (spaces.Box, spaces.MultiBinary, spaces.MultiDiscrete)):
+            shape, dtype = space_arrays.leaf_spec(obs_space)
+            # The fast path compares dtypes by identity: take numpy's own instance, the one
+            # an env's arrays carry. A space that was pickled (a process worker's) holds a
+            # copy, which would send every observation down the slow path.
+            self._obs_leaf = np.dtype(dtype.str), shape
         # NaN and inf observations are invalid steps: one sum per float leaf and block
         # (None: no float leaf), the exact check only when a sum is not finite.
         self._all_finite = all_finite_test(obs_space, buffers.next_obs)
@@ -201,17 +209,3 @@ class GymnasiumBlock(SubEnvBlock):
 
     def _fail_slot(self, i: int) -> None:
         fail_slot(self.buffers, self.obs_space, i)
-
-
-def _array_leaf(space: gymnasium.Space) -> tuple[np.dtype, tuple[int, ...]] | None:
-    """The dtype and shape of an array observation space's elements; None for the others
-    (Discrete's observations are ints, Dict's and Tuple's are trees)."""
-    if isinstance(
-        space, (gymnasium.spaces.Box, gymnasium.spaces.MultiBinary, gymnasium.spaces.MultiDiscrete)
-    ):
-        shape, dtype = space_arrays.leaf_spec(space)
-        # The fast path compares dtypes by identity: take numpy's own instance, the one
-        # an env's arrays carry. A space that was pickled (a process worker's) holds a
-        # copy, which would send every observation down the slow path.
-        return np.dtype(dtype.str), shape
-    return None
