@@ -609,7 +609,7 @@ def test_observations_of_a_pickled_space_are_written_in_one_block() -> None:
     envs = [gymnasium.make("CartPole-v1") for _ in range(num_envs)]
     reference = [gymnasium.make("CartPole-v1") for _ in range(num_envs)]
     space = pickle.loads(pickle.dumps(envs[0].observation_space))
-    buffers = StepBuffers.allocate(space, num_envs)
+    buffers = StepBuffers(space, num_envs)
     loop = GymnasiumBlock(envs, [None] * num_envs, 0, buffers, space, None)
     loop.reset(list(range(num_envs)), None)
     for i, env in enumerate(reference):

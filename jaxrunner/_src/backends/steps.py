@@ -114,37 +114,21 @@ def block_rows(env_ids: EnvIds, num_envs: int, where: str) -> tuple[int, int]:
 
 
 class StepBuffers:
-    """The stacked buffers a step writes (all ``[num_envs, ...]``, by global index), and
-    their views per block of rows (made once: a consumer can tell a step of the same
-    buffers by identity)."""
+    """The stacked buffers a step writes for ``num_envs`` sub-envs (all ``[num_envs, ...]``,
+    by global index) from ``alloc`` (default: new zeroed ones), and their views per block
+    of rows (made once: a consumer can tell a step of the same buffers by identity)."""
 
     __slots__ = ("_blocks", "next_obs", "obs", "reward", "terminated", "truncated")
 
     def __init__(
-        self,
-        obs: Any,
-        next_obs: Any,
-        reward: np.ndarray,
-        terminated: np.ndarray,
-        truncated: np.ndarray,
+        self, obs_space: gymnasium.Space, num_envs: int, alloc: Allocator | None = None
     ) -> None:
-        self.obs, self.next_obs = obs, next_obs
-        self.reward, self.terminated, self.truncated = reward, terminated, truncated
-        self._blocks: dict[tuple[int, int], tuple[Any, ...]] = {}
-
-    @classmethod
-    def allocate(
-        cls, obs_space: gymnasium.Space, num_envs: int, alloc: Allocator | None = None
-    ) -> StepBuffers:
-        """Buffers for ``num_envs`` sub-envs from ``alloc`` (default: new zeroed ones)."""
         alloc = alloc or Zeros(num_envs)
-        return cls(
-            alloc.space(obs_space),
-            alloc.space(obs_space),
-            alloc.take((num_envs,), np.float64),
-            alloc.take((num_envs,), np.bool_),
-            alloc.take((num_envs,), np.bool_),
-        )
+        self.obs, self.next_obs = alloc.space(obs_space), alloc.space(obs_space)
+        self.reward = alloc.take((num_envs,), np.float64)
+        self.terminated = alloc.take((num_envs,), np.bool_)
+        self.truncated = alloc.take((num_envs,), np.bool_)
+        self._blocks: dict[tuple[int, int], tuple[Any, ...]] = {}
 
     def batch_step(
         self,

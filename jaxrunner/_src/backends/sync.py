@@ -69,7 +69,7 @@ class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
             )
         self._closed_reason = None
         obs_space = self.single_observation_space
-        self._buffers = StepBuffers.allocate(obs_space, self.num_envs)
+        self._buffers = StepBuffers(obs_space, self.num_envs)
         self._obs = self._buffers.obs
         self._block = GymnasiumBlock(
             self.envs, self.env_fns, 0, self._buffers, obs_space, restart_policy

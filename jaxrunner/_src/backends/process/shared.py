@@ -165,7 +165,7 @@ class Layout(BlockLayout):
                 )
 
     def allocate(self, alloc: Allocator) -> tuple[StepBuffers, Any]:
-        buffers = StepBuffers.allocate(self.observation_space, self.num_envs, alloc)
+        buffers = StepBuffers(self.observation_space, self.num_envs, alloc)
         return buffers, alloc.space(self.action_space)
 
     def block(self, worker: Any, views: Views, policy: RestartPolicy | None) -> GymnasiumBlock:

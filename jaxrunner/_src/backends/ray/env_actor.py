@@ -80,7 +80,7 @@ class EnvWorker(ActorBody):
             functools.partial(space_arrays.make_action_splitter, first.action_space)
         )
         # By global index, as the block writes them (the rows before offset stay untouched).
-        buffers = StepBuffers.allocate(self.space, self.rows.stop)
+        buffers = StepBuffers(self.space, self.rows.stop)
         self.block = GymnasiumBlock(
             envs, env_fns, offset, buffers, self.space, restart_policy, attach(progress)
         )

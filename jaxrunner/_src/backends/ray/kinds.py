@@ -63,7 +63,7 @@ class GymnasiumRows(_Rows):
                 )
         vec._take_spaces(obs_space, action_space, metadata, render_mode)
         self.space = obs_space
-        self.buffers = StepBuffers.allocate(obs_space, vec.num_envs)
+        self.buffers = StepBuffers(obs_space, vec.num_envs)
         self._action_space = action_space
         self._checks = PerSize(functools.partial(space_arrays.action_batch_check, action_space))
 
