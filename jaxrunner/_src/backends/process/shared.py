@@ -97,12 +97,10 @@ class BlockLayout(abc.ABC):
     # -- main side
 
     @functools.cached_property
-    def _action_checks(self) -> PerSize:
-        return PerSize(self.action_check)  # main side, after the layout was pickled for workers
-
-    def check_actions(self, actions: Any, num: int) -> None:
-        """Validates a batch of ``num`` actions, before any sub-env steps."""
-        self._action_checks[num](actions)
+    def action_checks(self) -> PerSize:
+        """``action_checks[num](actions)`` validates a batch of ``num`` actions, before any
+        sub-env steps (built on the main side, after the layout was pickled for workers)."""
+        return PerSize(self.action_check)
 
     @abc.abstractmethod
     def action_check(self, num: int) -> Callable[[Any], Any]:

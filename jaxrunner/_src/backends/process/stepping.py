@@ -71,7 +71,7 @@ class Stepper:
         n = self.num_envs
         lo, hi = (0, n) if env_ids is None else block_rows(env_ids, n, self.name)
         # Validates before any sub-env steps (the workers read the rows from shared memory).
-        self.layout.check_actions(actions, hi - lo)
+        self.layout.action_checks[hi - lo](actions)
         busy = [c for c in self.calls if c.overlaps(lo, hi)] if self.calls else []
         if busy and (self.ready_first or per_worker):
             raise InvalidArgumentError(

@@ -34,16 +34,7 @@ class Answer(NamedTuple):
     reset_infos: dict[int, dict[str, Any]]
 
 
-class _Rows:
-    """What both kinds share: the action checks, built once per batch size."""
-
-    _checks: PerSize
-
-    def check(self, actions: Any, num: int) -> None:
-        self._checks[num](actions)
-
-
-class GymnasiumRows(_Rows):
+class GymnasiumRows:
     """Gymnasium sub-envs: a :class:`BatchStep` over :class:`StepBuffers`."""
 
     worker: type = EnvWorker
@@ -52,7 +43,8 @@ class GymnasiumRows(_Rows):
 
     def describe(self, vec: Any, described: list[Any], unit_rows: list[slice]) -> None:
         """Checks the actors' spaces are equal; sets the vector env's spaces and
-        metadata; allocates the buffers."""
+        metadata; allocates the buffers and the action checks (``checks[num](actions)``,
+        built once per batch size)."""
         obs_space, action_space, metadata, render_mode = described[0]
         for u, (other_obs, other_action, _, _) in enumerate(described):
             if other_obs != obs_space or other_action != action_space:
@@ -65,7 +57,7 @@ class GymnasiumRows(_Rows):
         self.space = obs_space
         self.buffers = StepBuffers(obs_space, vec.num_envs)
         self._action_space = action_space
-        self._checks = PerSize(functools.partial(space_arrays.action_batch_check, action_space))
+        self.checks = PerSize(functools.partial(space_arrays.action_batch_check, action_space))
 
     def part(self, actions: Any, at: slice | np.ndarray) -> Any:
         return space_arrays.map_structure(self._action_space, lambda a: np.asarray(a)[at], actions)
@@ -112,7 +104,7 @@ class GymnasiumRows(_Rows):
         return space_arrays.take(self.space, self.buffers.obs, index), info
 
 
-class AgentRows(_Rows):
+class AgentRows:
     """PettingZoo sub-envs: a :class:`MultiAgentStep` over :class:`AgentStepBuffers`."""
 
     worker: type = AgentEnvWorker
@@ -124,7 +116,7 @@ class AgentRows(_Rows):
 
     def describe(self, vec: Any, described: list[Any], unit_rows: list[slice]) -> None:
         """Checks the actors' agents are equal; sets the vector env's groups; allocates
-        the buffers."""
+        the buffers and the action checks."""
         vec.groups, vec.turn_based = described[0]
         for u, other in enumerate(described):
             if other != described[0]:
@@ -136,7 +128,7 @@ class AgentRows(_Rows):
         self.groups = vec.groups
         self.buffers = AgentStepBuffers.allocate(vec.groups, vec.num_envs)
         self._views = StepViews(self.buffers, vec.policy_ids)
-        self._checks = PerSize(functools.partial(ActionCheck, self.groups))
+        self.checks = PerSize(functools.partial(ActionCheck, self.groups))
 
     def part(self, actions: Sequence[Any], at: slice | np.ndarray) -> list[Any]:
         return [np.asarray(a)[at] for a in actions]

@@ -169,7 +169,7 @@ class ActorStepping(RemoteSubEnvs):
             self._send_rows(actions, lo, hi, whole=env_ids is None)
             return
         units = self._whole_actors(env_ids)
-        self._kind.check(actions, sum(len(at) for _, at in units))
+        self._kind.checks[sum(len(at) for _, at in units)](actions)
         busy = self._in_flight.units() & {u for u, _ in units}
         if busy:
             raise InvalidArgumentError(
@@ -255,7 +255,7 @@ class ActorStepping(RemoteSubEnvs):
 
     def _send_rows(self, actions: Any, lo: int, hi: int, whole: bool) -> Call:
         """Validates ``actions`` (envs ``[lo, hi)``), then sends each actor its part."""
-        self._kind.check(actions, hi - lo)
+        self._kind.checks[hi - lo](actions)
         parts = []
         for u, unit in enumerate(self.unit_rows):
             start, stop = max(lo, unit.start), min(hi, unit.stop)
