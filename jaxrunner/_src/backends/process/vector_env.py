@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from jaxrunner._src.arg_checks import check_config, check_env_fns, check_seed_count
 from jaxrunner._src.backends.base import MultiAgentVectorEnv, VectorEnv
@@ -38,7 +38,6 @@ class ProcessBackend(RemoteSubEnvs):
     # Two pipelining splits from TWO_SPLITS_MIN_ROWS on a CPU host (an accelerator takes
     # one): the workers step one split while the main process computes the other's actions.
     capabilities = Capabilities(can_restart=True, steps_in_background=True, pipeline_splits=2)
-    _reset_call: ClassVar[str]  # the reset call users make, as closed-env errors name it
     groups: tuple[AgentGroup, ...]  # the kind's: a VectorEnv's one, or the layout's
 
     def _start(
@@ -130,7 +129,7 @@ class ProcessBackend(RemoteSubEnvs):
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
     ) -> Any:
         """Resets every sub-env; the results of sends not yet received are dropped."""
-        self._check_open(self._reset_call)
+        self._check_open("reset_batch" if self.multi_agent else "reset")
         check_seed_count(seeds, self.num_envs, type(self).__name__)
         self._stepper.discard()
         seeds, pool = list(seeds), self._pool
@@ -240,8 +239,6 @@ class ProcessVectorEnv(ProcessBackend, VectorEnv):
         SpaceMismatchError: sub-envs with different or unsupported spaces.
     """
 
-    _reset_call = "reset"
-
     def __init__(
         self,
         env_fns: Sequence[EnvFactory],
@@ -273,8 +270,6 @@ class ProcessMultiAgentVectorEnv(ProcessBackend, MultiAgentVectorEnv):
     ``config``, ``restart_policy``, faults and their accounting are as for
     :class:`~jaxrunner.ProcessVectorEnv`; ``policy_mapping_fn`` as for the sync backend.
     """
-
-    _reset_call = "reset_batch"
 
     def __init__(
         self,
