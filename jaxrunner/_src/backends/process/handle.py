@@ -298,7 +298,8 @@ def shutdown(res: Resources, timeout_s: float = 2.0) -> None:
     """Ends every worker (asked first, then terminated, then killed) and frees the
     shared memory. Safe to call at interpreter exit and more than once."""
     workers, res.workers = res.workers, []
-    close = protocol.call_message(-1, "close", ())
+    payload = pickle.dumps(("close", ()))
+    close = protocol.COMMAND.pack(protocol.OP_CALL, -1, 0, 0, len(payload)) + payload
     for worker in workers:  # the main process's share closes here and now
         if worker.in_main_process:
             worker.kill()

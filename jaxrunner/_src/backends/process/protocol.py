@@ -35,12 +35,6 @@ START_REPORT_SEQ = 0
 to an implicit command 0: every command after it has a larger one."""
 
 
-def call_message(seq: int, method: str, args: tuple) -> bytes:
-    """An ``OP_CALL`` command asking the worker to run ``method(*args)``."""
-    payload = pickle.dumps((method, args), protocol=5)
-    return COMMAND.pack(OP_CALL, seq, 0, 0, len(payload)) + payload
-
-
 class Spin:
     """Busy-polls for data before a process sleeps in ``recv`` (``ProcessConfig.spin_wait_us``).
     Every :attr:`WINDOW` waits the budget halves (to 0 below :attr:`MIN_S`) if under half
