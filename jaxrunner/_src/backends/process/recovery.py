@@ -44,9 +44,10 @@ class WorkerRecovery:
         self.num_unrun_steps = 0
 
     def worker_lost(self, lost: WorkerLost, fatal: bool = False) -> BaseException:
-        """Handles a dead worker: replaces it (restart policy set and not ``fatal``)
-        and returns the error its sub-envs failed with; else closes the vector env and
-        raises that error."""
+        """Handles a dead worker: replaces it (restart policy set and not ``fatal``) and
+        returns the error its sub-envs failed with: its commands in flight are lost (their
+        step slots fail now), its other sub-envs fail at their next step. Else closes the
+        vector env and raises that error."""
         if self.restart_policy is None or fatal:
             hint = (
                 ""
@@ -61,18 +62,7 @@ class WorkerRecovery:
             self.pool.close_after(lost.reason)
             raise error from lost.__cause__
         error = lost.error("it was replaced by a new worker with new sub-envs")
-        self._recover(lost.w, error)
-        return error
-
-    def fail_unrun(self, i: int) -> BaseException:
-        """Sub-env ``i`` (pending) does not step: its slot fails now; returns why."""
-        self.num_unrun_steps += 1
-        self.layout.fail_slot(self.views, i)
-        return self.pending.pop(i)
-
-    def _recover(self, w: int, error: BaseException) -> None:
-        """Replaces dead worker ``w``: its commands in flight are lost (their step
-        slots fail now), its other sub-envs fail at their next step."""
+        w = lost.w
         self.num_worker_restarts += 1
         marks = self.views.status
         seqs = set(self.pool.mark_lost(w, error))
@@ -87,6 +77,13 @@ class WorkerRecovery:
         self._respawn(w, error)
         for i in stepping:
             self.layout.fail_slot(self.views, i)
+        return error
+
+    def fail_unrun(self, i: int) -> BaseException:
+        """Sub-env ``i`` (pending) does not step: its slot fails now; returns why."""
+        self.num_unrun_steps += 1
+        self.layout.fail_slot(self.views, i)
+        return self.pending.pop(i)
 
     def _respawn(self, w: int, cause: BaseException) -> None:
         """Starts a new worker ``w`` with new, reset sub-envs, retried as the restart
