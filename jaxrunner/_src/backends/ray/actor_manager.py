@@ -115,17 +115,14 @@ class ActorPool:
             )
             error.__cause__ = err
             return error
-        if isinstance(err, ray.exceptions.RayTaskError):
-            cause = getattr(err, "cause", None)
-            if cause is None:
-                cause = err
-            if cause is not err:
-                if cause.__cause__ is None:
-                    cause.__cause__ = err
-                elif hasattr(cause, "add_note"):  # Python >= 3.11
-                    cause.add_note(f"jaxrunner: raised in Ray env actor {u}: {err}")
-            return cause
-        return err
+        cause = getattr(err, "cause", None)
+        if not isinstance(err, ray.exceptions.RayTaskError) or cause is None or cause is err:
+            return err
+        if cause.__cause__ is None:
+            cause.__cause__ = err
+        else:
+            cause.add_note(f"jaxrunner: raised in Ray env actor {u}: {err}")
+        return cause
 
     def get_all(self, refs: list[Any], timeout: float | None) -> list[Any]:
         """``ray.get(refs)``; a timeout says what the actors may lack."""
