@@ -183,19 +183,20 @@ class RemoteTraceback(Exception):
 
 
 class StepReply(NamedTuple):
-    """A worker's answer to ``OP_STEP`` beyond what it wrote to shared memory (sent only
-    when some field is non-empty). Indices are global sub-env indices."""
+    """A step's results beyond the shared block (global sub-env indices): a worker's
+    answer to ``OP_STEP`` (sent only when some field is non-empty), or the step's, gathered
+    from its workers' answers for :meth:`~.shared.BlockLayout.result`."""
 
     infos: dict[int, dict[str, Any]]
     """The non-empty step infos."""
     reset_infos: dict[int, dict[str, Any]]
     """The non-empty infos of the autoresets."""
-    restarted: list[int]
-    """Sub-envs whose step failed and that were restarted in the worker (restart
-    policy set): their slots hold no transition."""
-    errors: dict[int, RemoteError]
-    """Every failure of the step (the restarted steps, and autoresets that failed
-    after a good step)."""
+    failed: list[int]
+    """Sub-envs whose slot holds no transition: their step failed and they were restarted
+    in the worker (restart policy set), or (gathered) their worker was replaced."""
+    errors: dict[int, Any]
+    """Every failure of the step (the restarted steps, and autoresets that failed after a
+    good step): a worker's :class:`RemoteError`, rebuilt as an exception once gathered."""
 
 
 def first_error(errors: list[tuple[int, RemoteError]]) -> tuple[int, RemoteError]:

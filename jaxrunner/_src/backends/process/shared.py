@@ -20,6 +20,7 @@ from jaxrunner._src.backends.allocators import Allocator, Carver
 from jaxrunner._src.backends.base import check_equal_spaces
 from jaxrunner._src.backends.gymnasium_block import GymnasiumBlock
 from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
+from jaxrunner._src.backends.process.protocol import StepReply
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.steps import (
     AgentStepBuffers,
@@ -41,16 +42,6 @@ class Views(NamedTuple):
     action: Any
     status: Any  # each sub-env's step progress (a memoryview in the worker)
     steps: Any = None  # multi-agent: the steps the main process returns
-
-
-class StepOutcome(NamedTuple):
-    """A step's results beyond the shared block, from its workers' replies (global
-    indices): the non-empty step and autoreset infos, the failed slots, the errors."""
-
-    infos: dict[int, dict[str, Any]]
-    reset_infos: dict[int, dict[str, Any]]
-    failed: list[int]
-    errors: dict[int, BaseException]
 
 
 class BlockLayout(abc.ABC):
@@ -116,7 +107,7 @@ class BlockLayout(abc.ABC):
         worker died): written in place of the worker's results."""
 
     @abc.abstractmethod
-    def result(self, views: Any, lo: int, hi: int, whole: bool, out: StepOutcome) -> Any:
+    def result(self, views: Any, lo: int, hi: int, whole: bool, out: StepReply) -> Any:
         """Sub-envs ``[lo, hi)``'s step, read from ``views`` once their workers are done
         (``whole``: every env, in one lockstep call) and from their replies, ``out``."""
 
@@ -187,7 +178,7 @@ class Layout(BlockLayout):
     def fail_slot(self, views: Views, index: int) -> None:
         fail_slot(views.buffers, self.observation_space, index)
 
-    def result(self, views: Views, lo: int, hi: int, whole: bool, out: StepOutcome) -> BatchStep:
+    def result(self, views: Views, lo: int, hi: int, whole: bool, out: StepReply) -> BatchStep:
         step_infos: list[dict[str, Any]] = [{} for _ in range(hi - lo)]
         for i, info in out.infos.items():
             step_infos[i - lo] = info
@@ -284,9 +275,7 @@ class AgentLayout(BlockLayout):
         # The replacement's sub-envs are reset by then: who acts next is theirs.
         views.buffers.fail_row(index)
 
-    def result(
-        self, views: Views, lo: int, hi: int, whole: bool, out: StepOutcome
-    ) -> MultiAgentStep:
+    def result(self, views: Views, lo: int, hi: int, whole: bool, out: StepReply) -> MultiAgentStep:
         block_infos = [out.infos.get(i, {}) for i in range(lo, hi)]
         return views.steps.step(lo, hi, block_infos, out.failed, out.errors)
 

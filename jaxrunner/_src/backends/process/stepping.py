@@ -14,8 +14,9 @@ import numpy as np
 import jaxrunner._src.backends.process.protocol as protocol
 from jaxrunner._src.backends.process.handle import WorkerLost
 from jaxrunner._src.backends.process.pool import LOST, WorkerPool
+from jaxrunner._src.backends.process.protocol import StepReply
 from jaxrunner._src.backends.process.recovery import Sent, WorkerRecovery
-from jaxrunner._src.backends.process.shared import BlockLayout, StepOutcome
+from jaxrunner._src.backends.process.shared import BlockLayout
 from jaxrunner._src.backends.steps import BatchStep, EnvIds, block_rows
 from jaxrunner._src.backends.sub_env_block import NOT_RUN, stepped_runs
 from jaxrunner.errors import InvalidArgumentError
@@ -198,14 +199,14 @@ class Stepper:
         for w, _, payload in replies:
             if not payload:
                 continue
-            reply: protocol.StepReply = pickle.loads(payload)
+            reply: StepReply = pickle.loads(payload)
             infos.update(reply.infos)
             reset_infos.update(reply.reset_infos)
-            failed.extend(reply.restarted)
+            failed.extend(reply.failed)
             for i, remote in reply.errors.items():
                 errors[i] = self.pool.remote_exception(w, remote)
             self.num_restarts += len(reply.errors)
         # The workers are done: what they wrote in shared memory is this step's.
         whole = (call.lo, call.hi) == (0, self.num_envs) and not call.per_worker
-        out = StepOutcome(infos, reset_infos, failed, errors)
+        out = StepReply(infos, reset_infos, failed, errors)
         return self.layout.result(self.views, call.lo, call.hi, whole, out)
