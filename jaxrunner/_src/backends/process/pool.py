@@ -148,10 +148,8 @@ class WorkerPool:
         """Waits until one of workers ``ws`` (each with commands in flight) answers, and
         keeps its reply; a worker that dies or misses its deadline goes to the
         :attr:`lost_worker`."""
-        workers = [self.workers[w] for w in ws]
-        # Internal: ready-first stepping (ProcessConfig refuses a main-process share there).
-        assert all(isinstance(worker, WorkerHandle) for worker in workers)
-        workers = cast(list[WorkerHandle], workers)
+        # Ready-first stepping only, where ProcessConfig refuses a main-process share.
+        workers = cast(list[WorkerHandle], [self.workers[w] for w in ws])
         by_fd = {worker.sock.fileno(): worker for worker in workers}
         poller = select.poll()
         for fd in by_fd:
