@@ -138,21 +138,6 @@ class ActorPool:
                 "(fractions allowed) or envs per actor, or add nodes."
             ) from err
 
-    def set_attr(self, name: str, values: list[Any]) -> None:
-        refs = [
-            a.set_attr.remote(name, list(values[r])) for a, r in zip(self.actors, self.unit_rows)
-        ]
-        self.get_all(refs, None)
-
-    def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
-        """A sub-env handle's request, run on sub-env ``index`` alone in its actor."""
-        u = index // self.config.envs_per_actor
-        local = index - self.unit_rows[u].start
-        try:
-            return self.ray.get(self.actors[u].on_sub_env.remote(local, method, args))
-        except Exception as err:
-            raise self.remote_error(err, u, method)  # noqa: B904  (chained as it should be)
-
     def kill(self, actor: Any) -> None:
         try:  # noqa: SIM105
             self.ray.kill(actor, no_restart=True)

@@ -49,7 +49,7 @@ class ActorBody:
         return self.block.render()
 
     def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
-        return self.block.on_sub_env(self.block.offset + index, method, args)
+        return self.block.on_sub_env(index, method, args)
 
     def close(self) -> None:
         self.block.close()

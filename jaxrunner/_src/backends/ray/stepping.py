@@ -222,7 +222,11 @@ class ActorStepping(RemoteSubEnvs):
         return self._result(self._wait(self._send_rows(actions, lo, hi, rows is None)))
 
     def _ask_one(self, index: int, method: str, args: tuple) -> Any:
-        return self._actors.on_sub_env(index, method, args)
+        actors, u = self._actors, index // self.config.envs_per_actor
+        try:
+            return actors.ray.get(actors.actors[u].on_sub_env.remote(index, method, args))
+        except Exception as err:
+            raise actors.remote_error(err, u, method)  # noqa: B904  (chained as it should be)
 
     def _ask_each(self, method: str, *args: Any) -> tuple[Any, ...]:
         actors = self._actors
@@ -230,7 +234,9 @@ class ActorStepping(RemoteSubEnvs):
         return tuple(x for part in parts for x in part)
 
     def _set_each(self, name: str, values: list[Any]) -> None:
-        self._actors.set_attr(name, values)
+        actors = self._actors
+        refs = [a.set_attr.remote(name, values[r]) for a, r in zip(actors.actors, self.unit_rows)]
+        actors.get_all(refs, None)
 
     def _whole_actors(self, env_ids: EnvIds) -> list[tuple[int, np.ndarray]]:
         """The actors ``env_ids`` covers, each with its rows' positions in the send."""
