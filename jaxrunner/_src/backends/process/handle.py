@@ -248,7 +248,7 @@ def spawn_worker(
     mine, theirs = socket.socketpair()
     process = ctx.Process(  # type: ignore[attr-defined]
         target=worker_main,
-        args=(protocol.SocketHandle(theirs), envs.start, factories),
+        args=(theirs, envs.start, factories),  # multiprocessing sends a socket's duplicate
         name=f"jaxrunner-worker-{index}",
         daemon=True,
     )

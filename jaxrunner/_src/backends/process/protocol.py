@@ -216,20 +216,3 @@ def _unpickle(payload: bytes | None) -> BaseException | None:
         return pickle.loads(payload)
     except Exception:
         return None
-
-
-class SocketHandle:
-    """A socket end to hand to a child process, pickled as a duplicate of its file
-    descriptor (as multiprocessing's ``Connection``)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-
-    def __reduce__(self) -> Any:
-        from multiprocessing.reduction import DupFd
-
-        return (_rebuild_socket, (DupFd(self.sock.fileno()),))
-
-
-def _rebuild_socket(dup: Any) -> socket.socket:
-    return socket.socket(fileno=dup.detach())
