@@ -55,8 +55,6 @@ class Worker:
     def attach(
         self, fd: int, layout: BlockLayout, policy: RestartPolicy | None, spin_s: float
     ) -> None:
-        """Maps the shared block, builds the layout's step loop over it and keeps the
-        spin budget."""
         self.spin = Spin(spin_s, available_cpus())
         self._memory = mmap.mmap(fd, layout.nbytes)
         os.close(fd)
