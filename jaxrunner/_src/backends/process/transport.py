@@ -109,7 +109,6 @@ class ProcessTransport:
         ``close_after`` closes the vector env after a failure it cannot go on from."""
         pool, res = self.pool, self.res
         pool.close_after = close_after
-        self.layout = layout
         res.fd, res.memory = create_shared_block(layout.nbytes)
         self.views = layout.views(res.memory)
         pool.memory_message = pickle.dumps((layout, restart_policy, pool.spin_s))

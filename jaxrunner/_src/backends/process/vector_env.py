@@ -77,7 +77,7 @@ class ProcessBackend(RemoteSubEnvs):
         if self.num_envs * sum(g.num_agents for g in self.groups) < TWO_SPLITS_MIN_ROWS:
             self.capabilities = dataclasses.replace(self.capabilities, pipeline_splits=None)
         self._stepper, self._views, self._pool = transport.stepper, transport.views, transport.pool
-        self._layout = transport.layout
+        self._layout = layout
 
     _layout_for: Callable[[list[Report]], BlockLayout]
     """The shell's: checks the workers' start reports, takes what it exposes of them, and
