@@ -19,7 +19,6 @@ from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.core.policy import Params, Policy, one_row_args
 from jaxrunner._src.core.seeds import MAX_SEED
 from jaxrunner._src.samplers.agent_callbacks import STEP_HOOKS, AgentCallbacks, overrides
-from jaxrunner._src.samplers.batch_invariance import check_chunk_rows
 from jaxrunner._src.samplers.info_arrays import InfoKeys, check_info_keys
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
@@ -145,7 +144,8 @@ def check_host_options(
     runner = "EnvRunner"
     info_keys = check_info_keys(info_keys, runner)
     check_bool(runner, "compact_next_obs", compact_next_obs)
-    check_chunk_rows(chunk_rows, runner, none="for the default")
+    hint = "rows per policy chunk"
+    check_int(runner, "chunk_rows", chunk_rows, none="for the default", hint=hint)
     if chunk_rows is not None and isinstance(envs, JaxVectorEnv):
         raise InvalidArgumentError(
             f"{runner}(chunk_rows={chunk_rows}): a pure-JAX env's policy runs on every env "

@@ -12,7 +12,6 @@ from gymnasium import spaces
 
 import jaxrunner._src.samplers.keys as keys
 from jaxrunner._src import space_arrays
-from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.core.policy import Carry, Params, Policy
 from jaxrunner._src.samplers.kept_programs import avals, kept_for
 from jaxrunner.errors import InvalidArgumentError
@@ -104,15 +103,6 @@ def policy_chunk_rows(
     return default_chunk_rows(num_rows, flops, small_calls=small_calls)
 
 
-def check_chunk_rows(chunk_rows: Any, where: str, none: str | None = None) -> Any:
-    """``chunk_rows`` as an int ``>= 1`` (with ``none``, what None means: None too), or
-    an error naming ``where``."""
-    hint = (
-        "rows per policy chunk" if none else "rows per policy chunk; leave it out for the default"
-    )
-    return check_int(where, "chunk_rows", chunk_rows, none=none, hint=hint)
-
-
 R = TypeVar("R")
 
 
@@ -150,7 +140,6 @@ def chunked_apply(
     one chunk: ``apply_fn`` itself between optimization barriers, so that XLA compiles
     its rows the same way whatever the program around it (a loop's trip would read its
     condition back to the host)."""
-    chunk_rows = check_chunk_rows(chunk_rows, "chunked_apply")
     one_call = is_one_call(chunk_rows, max_rows)
 
     def check_rows(keys: Any) -> int:
