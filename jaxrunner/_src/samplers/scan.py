@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -18,7 +17,6 @@ from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.connectors.pipeline import ConnectorsState
 from jaxrunner._src.connectors.state_rows import device_copy
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
-from jaxrunner._src.core.policy import Params
 from jaxrunner._src.samplers.episode_ids import SampleCounts, agent_episode_ends
 from jaxrunner._src.samplers.policy_step import initial_actor_state
 from jaxrunner._src.samplers.sampler import SamplerSetup, StepProgress, attach_partial
@@ -76,8 +74,9 @@ class ScanSampler:
         as_groups, params = setup.by_group, setup.params
         run = functools.partial(rollout, envs, policies, connectors, self.rollout_length, as_groups)
         if not as_groups:  # an EnvRunner's one policy, the one group's: its params as they are
-            params = setup.params[envs.groups[0].policy_id]
-            run = functools.partial(_one_policy, run, envs.groups[0].policy_id)
+            pid, run_groups = envs.groups[0].policy_id, run
+            params = setup.params[pid]
+            run = lambda params, *args: run_groups({pid: params}, *args)  # noqa: E731
 
         def start(env_params: Any) -> RolloutState:
             actors, offset = {}, 0
@@ -246,8 +245,3 @@ class ScanSampler:
 
     def set_info_names(self, names: dict[str, Any]) -> None:
         """Nothing to take (a file's names, of another runner, are ignored)."""
-
-
-def _one_policy(run: Callable[..., tuple], policy_id: str, params: Params, *args: Any) -> tuple:
-    """``run`` with ``params`` as the one policy's (an EnvRunner's params, as they are)."""
-    return run({policy_id: params}, *args)
