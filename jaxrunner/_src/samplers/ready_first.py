@@ -109,17 +109,20 @@ class ReadyFirst:
     ) -> None:
         """Samples until every env has recorded ``T`` steps into ``rollout``."""
         num_steps, num_envs, loop = self.loop.rollout_length, self.num_envs, self.loop
+        keep = self.keep
         if not self.merging:  # every env acts first, on the loop's last step
             self.t[:] = 0
             self.ready, self.in_flight = [slice(0, num_envs)], 0
             self.bufs, self._views = [rollout], {(0, num_envs): loop._last.groups}
         while True:
             todo = self._take_ready()
-            if todo and self._fills_chunk(todo):
+            # Act now where it fills a policy chunk (a call computes whole chunks: EnvPool
+            # async's smaller batches are gathered), or no more envs can be received first.
+            if todo and (not keep or self.in_flight < keep or _count(todo) >= self.chunk_rows):
                 self._act(params, todo, perf)
             elif todo:  # receive more first; these envs act with them
                 self.ready[:0] = todo
-            if self.t.min() >= num_steps and (self.keep or not self.in_flight):
+            if self.t.min() >= num_steps and (keep or not self.in_flight):
                 break
             self._check_can_recv()
             clock = time.perf_counter()
@@ -183,15 +186,6 @@ class ReadyFirst:
             waiting = [held[len(sent) :]] if len(held) > len(sent) else []
         self.ready = waiting
         return todo
-
-    def _fills_chunk(self, todo: list[Any]) -> bool:
-        """Whether to act on ``todo`` now: it fills a policy chunk (a call computes whole
-        chunks: EnvPool async's smaller batches are gathered), or no more envs can be
-        received first."""
-        keep = self.keep
-        if not keep or self.in_flight < keep:
-            return True
-        return _count(todo) >= self.chunk_rows
 
     def _check_can_recv(self) -> None:
         if self.in_flight == 0 or self.in_flight < self.keep:
