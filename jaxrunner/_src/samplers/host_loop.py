@@ -304,10 +304,7 @@ class HostLoop:
 
     def release(self, traj: MultiAgentTrajectory) -> None:
         """Takes back ``traj`` (a sample's result the caller is done with) for reuse."""
-        if self._one_agent:  # its view checked what came back: the buffers are intact
-            self._pool.put_back(traj)
-        else:
-            self._pool.release(traj)
+        self._pool.release(traj)
 
     def get_state(self) -> MultiAgentSamplerState:
         """What the sampler carries from one ``sample()`` to the next (copies; valid

@@ -96,7 +96,7 @@ class OneAgentSampler:
         """Takes back ``traj`` (a sample's result the caller is done with) for reuse."""
         group_traj = self._out.take_back(traj, self._reused)
         self._released[id(group_traj.groups[self._pid].reward)] = traj  # its views, for reuse
-        self._loop.release(group_traj)
+        self._loop._pool.put_back(group_traj)  # checked above: the buffers are intact
 
     def get_state(self) -> dict[str, Any]:
         state = self._loop.get_state()
