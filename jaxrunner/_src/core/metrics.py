@@ -149,7 +149,7 @@ class RunnerMetrics:
         """Adds a :class:`~jaxrunner._src.samplers.episode_ids.SampleCounts`."""
         self.num_env_steps += counts.num_env_steps
         self.num_faulty_episodes += counts.num_faulty_episodes
-        self.num_dropped_steps += counts.num_dropped_steps
+        self.num_dropped_steps += counts.num_faulty_episodes  # (one per failed slot)
         self.episodes.add(counts.returns, counts.lengths, counts.num_episodes)
 
     def add_group_counts(

@@ -16,8 +16,7 @@ class SampleCounts:
     """What the steps closed by :meth:`EpisodeBook.close` add to a runner's metrics."""
 
     num_env_steps: int  # valid transitions
-    num_faulty_episodes: int  # episodes cut by a failed step (one per failed slot)
-    num_dropped_steps: int  # failed slots (reset slots are not counted)
+    num_faulty_episodes: int  # cut by a failed step: one per failed (dropped) slot
     returns: np.ndarray
     """Returns of the episodes that ended well, in (step, env) order: all of them, or
     the latest ones, at least the metrics' ``episode_window`` (all that is kept)."""
@@ -88,7 +87,6 @@ class EpisodeBook:
         counts = SampleCounts(
             num_env_steps=cut.size - num_invalid,
             num_faulty_episodes=num_failed,
-            num_dropped_steps=num_failed,
             returns=returns,
             lengths=lengths,
         )
@@ -124,7 +122,7 @@ class EpisodeBook:
             self._episode_begin = np.where(ended, self.steps_done + t, self._episode_begin)
             self.next_episode_id += len(lengths)
         self.steps_done += t
-        return SampleCounts(cut.size, 0, 0, returns=returns, lengths=lengths)
+        return SampleCounts(cut.size, 0, returns=returns, lengths=lengths)
 
     def _reset_at(self, resets: np.ndarray, first: np.ndarray) -> np.ndarray:
         """Whether each env's slot ``first`` of ``resets`` (``[t, B]``) is a reset slot

@@ -47,7 +47,6 @@ def episode_counts(ends: np.ndarray, window: int, num_env_steps: int) -> SampleC
     return SampleCounts(
         num_env_steps=num_env_steps,
         num_faulty_episodes=0,
-        num_dropped_steps=0,
         returns=returns[mask].astype(np.float64),
         lengths=lengths[mask].astype(np.int64),
         num_episodes=num_episodes,
