@@ -22,11 +22,7 @@ from jaxrunner._src.checkpoints.checkpoint_file import (
     identity,
 )
 from jaxrunner._src.checkpoints.format import META, Part, array_name, is_key, path_leaves
-from jaxrunner._src.checkpoints.kept_episodes import (
-    EPISODE_SCALARS,
-    holds_env_states,
-    kept_episodes,
-)
+from jaxrunner._src.checkpoints.kept_episodes import EPISODE_SCALARS, kept_episodes
 from jaxrunner._src.checkpoints.live_episodes import put_live_episodes
 from jaxrunner._src.core.npz_file import write_npz
 from jaxrunner._src.core.runner_state import RunnerParts
@@ -57,7 +53,7 @@ def save(parts: RunnerParts, path: str | os.PathLike) -> None:
     put_tree(arrays, "params", dict(state.params))
     put_tree(arrays, "sampler", parts.sampler.get_state())
     metrics_paths = put_tree(arrays, "metrics", state.metrics.get_state())
-    if holds_env_states(parts):
+    if parts.sampler.on_device:
         envs_kind, envs_note = "pytree", "the env states are arrays in the sampler's state"
     else:
         envs_kind, envs_note = _put_env_snapshots(arrays, parts.envs)

@@ -10,11 +10,7 @@ import numpy as np
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.checkpoints.format import bytes_check
-from jaxrunner._src.checkpoints.kept_episodes import (
-    KeptEpisodeReader,
-    holds_env_states,
-    kept_episodes,
-)
+from jaxrunner._src.checkpoints.kept_episodes import KeptEpisodeReader, kept_episodes
 from jaxrunner._src.checkpoints.live_episodes import read_live_episodes
 from jaxrunner._src.core.agent_groups import DEFAULT_POLICY_ID
 from jaxrunner._src.core.npz_file import NpzReader
@@ -167,9 +163,8 @@ class CheckpointFile(KeptEpisodeReader):
         if self._one_tree(meta):  # no policy ids or agents then
             here = {key: here[key] for key in ("sampler", "num_envs")}
         self.check_same(meta, here, "same envs, policy ids and num_envs")
-        self.check_common_meta(
-            meta, ("pytree",) if holds_env_states(self.parts) else ("pickle", "none")
-        )
+        envs = ("pytree",) if self.parts.sampler.on_device else ("pickle", "none")
+        self.check_common_meta(meta, envs)
         optional = OPTIONAL_KEPT.get(self.parts.file_format, ())
         for key in kept_episodes(self.parts):
             if key in optional and key not in meta:

@@ -47,11 +47,6 @@ def kept_episodes(parts: RunnerParts) -> dict[str, list[Any]]:
     }
 
 
-def holds_env_states(parts: RunnerParts) -> bool:
-    """The sampler's state holds the envs' (a pure-JAX env's scan): always saved."""
-    return parts.sampler.on_device
-
-
 class KeptEpisodeReader(CheckpointReader):
     """A checkpoint reader's part that reads and checks the kept episodes."""
 
@@ -101,7 +96,7 @@ class KeptEpisodeReader(CheckpointReader):
         """Policy ``policy_id``'s kept actions as this runner records them: a host sampler
         in the env's dtypes (earlier multi-agent runners kept the policy's: int32 for a
         Discrete space's int64), a pure-JAX env's scan as its policy gives them."""
-        if holds_env_states(self.parts):
+        if self.parts.sampler.on_device:
             return action
         space = next(g.action_space for g in self.parts.groups if g.policy_id == policy_id)
         return space_arrays.as_space_dtypes(space, action)
