@@ -15,7 +15,6 @@ from jaxrunner._src.arg_checks import check_bool, check_int
 from jaxrunner._src.backends.base import MultiAgentVectorEnv, VectorEnv
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.backends.vector_wrappers import vector_wrapper_hint
-from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.core.policy import Params, Policy, one_row_args
 from jaxrunner._src.core.seeds import MAX_SEED
 from jaxrunner._src.samplers.agent_callbacks import STEP_HOOKS, AgentCallbacks, overrides
@@ -165,15 +164,6 @@ def check_host_options(
             "or use a host backend (jaxrunner.make_vec)."
         )
     return info_keys
-
-
-def check_connectors(connectors: Any) -> Connectors | None:
-    if connectors is not None and not isinstance(connectors, Connectors):
-        raise InvalidArgumentTypeError(
-            f"EnvRunner(connectors=...): expected a jaxrunner.connectors.Connectors, got "
-            f"{type(connectors).__name__}. Wrap them: Connectors(obs=[...], action=[...])."
-        )
-    return connectors
 
 
 def check_loop_options(kind: Any, callbacks: Any, num_splits: Any, loop: str, fix: str) -> None:

@@ -29,14 +29,14 @@ from jaxrunner._src.core.runner_state import (
     RunnerState,
 )
 from jaxrunner._src.core.seeds import env_seeds
-from jaxrunner._src.runner.env_runner_checks import check_connectors, check_loop_options
+from jaxrunner._src.runner.env_runner_checks import check_loop_options
 from jaxrunner._src.samplers.agent_callbacks import AgentCallbacks, agent_episode_joiner, overrides
 from jaxrunner._src.samplers.callbacks import Callbacks
 from jaxrunner._src.samplers.host_loop import HostLoop
 from jaxrunner._src.samplers.one_agent import OneAgentSampler
 from jaxrunner._src.samplers.sampler import SamplerSetup
 from jaxrunner._src.samplers.scan import ScanSampler
-from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, JaxRunnerError
 
 
 class AgentGroups:
@@ -240,8 +240,12 @@ class OneAgent(AgentGroups):
         return values[DEFAULT_POLICY_ID]
 
     def connectors(self, value: Any) -> tuple[Any, dict[str, Connectors]]:
-        given = check_connectors(value)
-        return given, {} if given is None else {DEFAULT_POLICY_ID: given}
+        if value is not None and not isinstance(value, Connectors):
+            raise InvalidArgumentTypeError(
+                f"EnvRunner(connectors=...): expected a jaxrunner.connectors.Connectors, got "
+                f"{type(value).__name__}. Wrap them: Connectors(obs=[...], action=[...])."
+            )
+        return value, {} if value is None else {DEFAULT_POLICY_ID: value}
 
     def new_state(self, params: dict[str, Params], metrics: MetricsConfig) -> RunnerState:
         def joiner() -> EpisodeJoiner[Episode]:  # one stream per env, by episode id
