@@ -85,8 +85,6 @@ class RunnerState(Generic[E]):
     """The unfinished episodes ``on_agent_episode_end`` is assembling."""
     finished: list[E] = dataclasses.field(default_factory=list)
     """Complete episodes ``sample_episodes`` has not returned yet."""
-    failure: BaseException | None = None
-    """The error of the ``sample()`` that failed, after which the runner refuses to go on."""
 
     def take_finished(self, num_episodes: int) -> list[E]:
         """The first ``num_episodes`` finished episodes, removed from :attr:`finished`."""

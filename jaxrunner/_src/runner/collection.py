@@ -13,7 +13,7 @@ from jaxrunner._src.samplers.sampler import attach_episodes, attach_partial
 def sample_once(runner: Any, progress: bool = False) -> Any:
     """One ``sampler.sample(params)``, then the per-agent-episode hooks; a failure
     marks the runner unusable."""
-    runner._check_usable("sample")
+    runner._ownership.check_usable("sample")
     total = runner.rollout_length * runner.envs.num_envs
     name = f"{type(runner).__name__}.sample"
     params = runner.kind.from_policy_dict(runner.state.params)
@@ -31,7 +31,7 @@ def sample_once(runner: Any, progress: bool = False) -> Any:
                 attach_partial(err, traj)
                 raise
     except BaseException as err:
-        runner.state.failure = err
+        runner._ownership.failure = err
         raise
     finally:
         runner._ownership.sampling = False

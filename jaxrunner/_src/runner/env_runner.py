@@ -184,7 +184,7 @@ class EnvRunner:
                 runner's), its arrays were replaced, resized or made read-only, or the
                 envs are pure JAX (their trajectories live on device).
         """
-        self._check_usable("release")
+        self._ownership.check_usable("release")
         check_releasable(self, "release(traj)", ".")
         self.sampler.release(traj)
 
@@ -232,7 +232,7 @@ class EnvRunner:
         """Replaces the params of policy ``policy_id`` (``None``: the runner's one policy);
         takes effect at the next step and never recompiles. The new params must have the
         structure, shapes and dtypes of the old ones."""
-        self._check_usable("set_params", while_sampling=True)  # a callback may: next step
+        self._ownership.check_usable("set_params", while_sampling=True)  # a callback may: next step
         if isinstance(params, str) and params in self.state.params and policy_id is not None:
             warnings.warn(
                 f"{type(self).__name__}.set_params(policy_id, params) is the old order; call "
@@ -262,7 +262,7 @@ class EnvRunner:
         and metrics (docs/checkpoints.md). Pure-JAX envs' states are always in it;
         sub-envs of a backend that can snapshot them (the sync backend) are added as
         pickles. Call it between samples."""
-        self._check_usable("save")
+        self._ownership.check_usable("save")
         checkpoint.save(self.kind.parts(self), path)
 
     def restore(
@@ -292,7 +292,7 @@ class EnvRunner:
                 one, or a value in it is damaged (the message names the field); the
                 runner is unchanged.
         """
-        self._check_usable("restore")
+        self._ownership.check_usable("restore")
         parts = self.kind.parts(self)
         report = checkpoint.restore(parts, path, load_env_pickles, max_bytes)
         self.seed = parts.seed
@@ -356,7 +356,7 @@ class EnvRunner:
         """Ends the runner: it cannot sample afterwards, and its envs are free for
         another runner. Closes the envs unless ``close_envs`` is False."""
         if self._ownership.sampling:
-            self._check_usable("stop")
+            self._ownership.check_usable("stop")
         if not self._ownership.closed:
             self._ownership.release()
             if close_envs:
@@ -371,11 +371,6 @@ class EnvRunner:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-    # -- internals ---------------------------------------------------------------------------
-
-    def _check_usable(self, what: str, while_sampling: bool = False) -> None:
-        self._ownership.check_usable(what, self.state.failure, while_sampling)
 
 
 class MultiAgentRunner(EnvRunner):

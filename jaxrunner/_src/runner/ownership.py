@@ -22,6 +22,8 @@ class Ownership:
         """Whether the runner stopped (it cannot sample; the env is free)."""
         self.sampling = False
         """Whether a ``sample()`` runs (a callback calling back into the runner is refused)."""
+        self.failure: BaseException | None = None
+        """The error of the ``sample()`` that failed, after which the runner refuses to go on."""
         held = _OWNERS.get(envs)
         owner = held() if held is not None else None
         if owner is not None and not owner.closed:
@@ -40,12 +42,10 @@ class Ownership:
         if held is not None and held() is self:
             del _OWNERS[self.envs]
 
-    def check_usable(
-        self, what: str, failure: BaseException | None, while_sampling: bool = False
-    ) -> None:
-        """Refuses ``what`` on a stopped runner, one whose sample failed with ``failure``,
-        or while it samples unless ``while_sampling``."""
-        name = self.runner
+    def check_usable(self, what: str, while_sampling: bool = False) -> None:
+        """Refuses ``what`` on a stopped runner, one whose sample failed, or while it
+        samples unless ``while_sampling``."""
+        name, failure = self.runner, self.failure
         if self.sampling and not while_sampling:
             raise InvalidArgumentError(
                 f"{name}.{what}() called while sample() runs (from a callback?): it would "
