@@ -139,29 +139,26 @@ class AgentGroups:
         num_envs = self.envs.num_envs
         for g in self.envs.groups:
             sampler, rows = samplers[g.policy_id], num_envs * g.num_agents
-            try:
-                space_arrays.check_policy_actions(g.action_space, sampler.action_spec, rows)
-                if sampler.env_action_spec is not None:  # what the action connectors give
-                    try:
-                        space_arrays.check_policy_actions(
-                            g.action_space, sampler.env_action_spec, rows
-                        )
-                    except JaxRunnerError as err:
+            # The policy's output, then what the action connectors make of it (None: none).
+            for connectors, spec in enumerate((sampler.action_spec, sampler.env_action_spec)):
+                try:
+                    if spec is not None:
+                        space_arrays.check_policy_actions(g.action_space, spec, rows)
+                except JaxRunnerError as err:
+                    if connectors:
                         err.add_note(
                             "jaxrunner: these are the action connectors' outputs "
                             "(Connectors(action=[...])): check them against the env's "
                             f"action space {g.action_space}."
                         )
-                        raise
-            except JaxRunnerError as err:
-                if self.multi_agent:  # which group's policy, and the space to build it on
-                    err.add_note(
-                        f"jaxrunner: the policy of {g.policy_id!r}, whose agents act in "
-                        f"{g.action_space!r}, one action per agent slot (B * A_g = "
-                        f"{num_envs} * {g.num_agents} rows): build it on that group's "
-                        "action_space (envs.groups)."
-                    )
-                raise
+                    if self.multi_agent:  # which group's policy, and the space to build it on
+                        err.add_note(
+                            f"jaxrunner: the policy of {g.policy_id!r}, whose agents act in "
+                            f"{g.action_space!r}, one action per agent slot (B * A_g = "
+                            f"{num_envs} * {g.num_agents} rows): build it on that group's "
+                            "action_space (envs.groups)."
+                        )
+                    raise
 
     def parts(self, runner: Runner) -> RunnerParts:
         """What ``runner``'s checkpoints save and restore."""
