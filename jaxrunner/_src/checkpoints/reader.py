@@ -41,6 +41,7 @@ class CheckpointReader:
     def __init__(self, runner_name: str, path: str | os.PathLike, metrics: Any) -> None:
         self.runner_name = runner_name
         self.path = os.fspath(path)
+        self.where = f"{runner_name}.restore({self.path!r})"
         self.metrics_template = metrics.get_state()
         self.window = int(metrics.episodes.window)
 
@@ -53,12 +54,9 @@ class CheckpointReader:
         hint = f"; the limit is max_bytes={max_bytes} (restore(..., max_bytes=...))"
         return NpzReader(self.path, self.error, max_bytes, hint)
 
-    def where(self) -> str:
-        return f"{self.runner_name}.restore({self.path!r})"
-
     def error(self, what: str) -> InvalidArgumentError:
         return InvalidArgumentError(
-            f"{self.where()}: the checkpoint {what}. Restore only checkpoints written by "
+            f"{self.where}: the checkpoint {what}. Restore only checkpoints written by "
             f"{self.runner_name}.save, into a runner built as the saved one."
         )
 
@@ -79,7 +77,7 @@ class CheckpointReader:
         is the current one), of one of its versions."""
         if not npz.has(META):
             raise InvalidArgumentError(
-                f"{self.where()}: not a jaxrunner checkpoint (no {META}); write one with "
+                f"{self.where}: not a jaxrunner checkpoint (no {META}); write one with "
                 f"{self.runner_name}.save(path)."
             )
         meta = npz.read_json(META, f"metadata ({META})", MAX_META_BYTES)
@@ -93,7 +91,7 @@ class CheckpointReader:
                 for name, v in earlier
             )
             raise InvalidArgumentError(
-                f"{self.where()}: expected a {fmt} version {' or '.join(map(str, versions))}"
+                f"{self.where}: expected a {fmt} version {' or '.join(map(str, versions))}"
                 f"{older}, got {meta.get('format')!r} version {version!r}."
             )
         return meta
@@ -103,7 +101,7 @@ class CheckpointReader:
         for key, value in here.items():
             if meta.get(key) != value or type(meta.get(key)) is not type(value):
                 raise InvalidArgumentError(
-                    f"{self.where()}: the checkpoint was saved by a runner with "
+                    f"{self.where}: the checkpoint was saved by a runner with "
                     f"{key}={meta.get(key)!r}, this one has {key}={value!r}. Build the runner "
                     f"as the saved one was ({fix})."
                 )
@@ -133,7 +131,7 @@ class CheckpointReader:
             name = array_name(prefix, parts)
             if not npz.has(name):
                 raise InvalidArgumentError(
-                    f"{self.where()}: the checkpoint has no {name!r}: its {what} has another "
+                    f"{self.where}: the checkpoint has no {name!r}: its {what} has another "
                     "structure than this runner's. Restore into a runner built as the saved "
                     "one (same policy, envs, spaces and connectors). A checkpoint saved by an "
                     "older jaxrunner whose state had another layout (e.g. connector "
