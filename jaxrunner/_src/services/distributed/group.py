@@ -172,7 +172,10 @@ class EnvRunnerGroup:
         ray = self._ray
         ref = ray.put(jax.device_get(params))
         old = self._params_ref, self._params_version
-        self._params_ref, self._params_version = self._full_params(params, ref), old[1] + 1
+        full = ref  # what restarts start from: with some policy ids, every policy's latest
+        if isinstance(params, Mapping) and set(params) < self._params_keys:
+            full = ray.put({**ray.get(old[0]), **jax.device_get(params)})
+        self._params_ref, self._params_version = full, old[1] + 1
         version = self._params_version
         stats = None if self._statistics is None else ray.put(jax.device_get(self._statistics))
         calls = [(slot, slot.actor.set_params.remote(ref, version, stats)) for slot in self._slots]
@@ -289,12 +292,6 @@ class EnvRunnerGroup:
             None if self._statistics is None else self._ray.put(jax.device_get(self._statistics)),
         )
         return _Slot(index, actor, incarnation, actor.ready.remote(), list(failures))
-
-    def _full_params(self, params: Params, ref: Any) -> Any:
-        """``ref``, or for ``params`` with some policy ids, every policy's latest params."""
-        if isinstance(params, Mapping) and set(params) < self._params_keys:
-            return self._ray.put({**self._ray.get(self._params_ref), **jax.device_get(params)})
-        return ref
 
     def _restart(self, slot: _Slot, why: str) -> None:
         """Kills ``slot``'s actor and starts its next incarnation (in the background)."""
