@@ -27,20 +27,12 @@ def rollout_length(num_envs: int, steps_per_rollout: int = STEPS_PER_ROLLOUT) ->
 
 
 def timed(step: Callable[[], int], seconds: float) -> float:
-    """Calls ``step`` (returning env steps done) for ``seconds``; returns steps/s."""
+    """Calls ``step`` (returning env steps done, or 1 to count calls) for ``seconds``;
+    returns steps/s."""
     steps, start = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - start) < seconds:
         steps += step()
     return steps / elapsed
-
-
-def us_per_call(call: Callable[[], object], seconds: float) -> float:
-    """Calls ``call`` for ``seconds``; returns microseconds per call."""
-    calls, start = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - start) < seconds:
-        call()
-        calls += 1
-    return 1e6 * elapsed / calls
 
 
 def measure_runner(
