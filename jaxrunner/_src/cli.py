@@ -52,17 +52,13 @@ def _bench(args: argparse.Namespace) -> int:
         for flag, path, example in outputs:
             if path is not None:
                 check_not_folder(path, f"{flag} {path}", example)
-    except InvalidArgumentError as err:
+        if args.plot:
+            plot.require_matplotlib()
+    except (InvalidArgumentError, MissingDependencyError) as err:
         print(f"jaxrunner bench: {err}", file=sys.stderr)
         return 2
-    if args.plot:
-        if not args.plot.suffix:  # what matplotlib would write (and say so)
-            args.plot = args.plot.with_suffix(".png")
-        try:
-            plot.require_matplotlib()
-        except MissingDependencyError as err:
-            print(f"jaxrunner bench: {err}", file=sys.stderr)
-            return 2
+    if args.plot and not args.plot.suffix:  # what matplotlib would write (and say so)
+        args.plot = args.plot.with_suffix(".png")
     started = time.perf_counter()
 
     def log(message: str) -> None:
