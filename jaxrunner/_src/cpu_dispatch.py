@@ -92,12 +92,11 @@ def _switch(inline: bool) -> None:
     if inline_cpu_dispatch() == inline:
         return
     if _backends_started():
-        mode, call = ("inline", "use_inline") if inline else ("async", "use_async")
-        now = "asynchronous" if inline else "inline"
+        mode, now = ("inline", "asynchronous") if inline else ("async", "inline")
         raise DispatchConfigError(
-            f"{call}_cpu_dispatch(): JAX's CPU backend has already started with {now} "
+            f"use_{mode}_cpu_dispatch(): JAX's CPU backend has already started with {now} "
             f"dispatch, and JAX reads this setting only at start-up. Call "
-            f"jaxrunner.cpu_dispatch.{call}_cpu_dispatch() before any JAX computation (right "
+            f"jaxrunner.cpu_dispatch.use_{mode}_cpu_dispatch() before any JAX computation (right "
             f"after the imports), or set {ENV_VAR}={int(not inline)} in the environment, to get "
             f"{mode} dispatch."
         )
