@@ -105,13 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-envs",
         type=int,
         nargs="+",
-        default=None,
         metavar="N",
         help="widths to measure (default: 1 8 64 256; a workload's own with --workload)",
     )
     bench_command.add_argument(
         "--backend",
-        default=None,
         choices=(*bench.PLANS, "all"),
         help="jaxrunner backend (make_vec(backend=...); auto: EnvRunner.from_env's choice "
         "of sync or process, measured with the policy and printed per width; jax: gymnax "
@@ -121,7 +119,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench_command.add_argument(
         "--workload",
-        default=None,
         choices=tuple(WORKLOADS),
         help="a real workload instead of --env: cartpole (CartPole-v1, 64-64 MLP; 1 8 64 "
         "256 envs), pong (ALE/Pong-v5 preprocessed, 4 frames stacked, NatureCNN; 8 32 envs; "
@@ -146,13 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench_command.add_argument(
         "--out",
         type=pathlib.Path,
-        default=None,
         help="also write the JSON report (every round, the machine) to this file (default: none)",
     )
     bench_command.add_argument(
         "--plot",
         type=pathlib.Path,
-        default=None,
         metavar="PNG",
         help="also draw env steps/s against the number of envs, a line per system, into this "
         "PNG (needs matplotlib: pip install 'jaxrunner[plot]') (default: none)",
