@@ -41,6 +41,7 @@ class _Faulty:
             )
         super().__init__(env)  # type: ignore[call-arg]  # the gymnasium or PettingZoo wrapper's
         self.schedule = FaultSchedule(faults, log, seed, type(self).__name__)
+        self.faults, self.log = self.schedule.faults, log
         self.calls = self.schedule.calls
         """How many times each method was called (failed calls included)."""
         if not one_agent:  # (a gymnasium env's get_attr("agent") still reaches the env)
