@@ -181,11 +181,8 @@ def create_app(
 
     # The readers of the bodies (FastAPI dependencies): each checked, decoded (off the
     # event loop if heavy) and handed to the route as the env's arguments.
-    def read_obs(call: str) -> Reader:
-        async def read(body: Any) -> Any:
-            return await off_loop(kind.heavy(body.obs), kind.decode, body.obs, call)
-
-        return with_body(read, kind.obs_body)
+    async def read_obs(body: Any) -> Any:
+        return await off_loop(kind.heavy(body.obs), kind.decode, body.obs, "get_action")
 
     def read_final_obs(call: str) -> Reader:
         async def read(body: Any) -> tuple[Any, bool]:
@@ -203,6 +200,7 @@ def create_app(
     async def read_rewards(body: Any) -> tuple[Any, ...]:
         return body.rewards, body.info
 
+    with_body(read_obs, kind.obs_body)
     with_body(read_logged, kind.logged_body)
     with_body(read_rewards, kind.returns_body)
 
@@ -305,7 +303,7 @@ def create_app(
     @episode_route("action", kind.action_out)
     async def get_action(
         episode_id: EpisodeId,
-        obs: Annotated[Any, Depends(read_obs("get_action"))],
+        obs: Annotated[Any, Depends(read_obs)],
         request: Request,
     ) -> JSONResponse:
         future = await off_loop(kind.heavy(obs), env.submit_action, episode_id, obs)
