@@ -82,14 +82,6 @@ def parse_answer(data: bytes, status: int, path: str) -> Any:
         ) from None
 
 
-_INVALID = {
-    "space_mismatch": errors.SpaceMismatchError,
-    "invalid_type": errors.InvalidArgumentTypeError,
-}
-"""The 422 codes of the server's error kinds (``error_handlers._STATUS``) other than
-``invalid_value`` and the schema's ``invalid_request``, both InvalidArgumentError."""
-
-
 def raise_for(status: int, answer: Any) -> None:
     """Raises the server's error answer (``answer`` its parsed JSON) as the env's error
     (``EpisodeNotFoundError`` for 404/410, ...) or as :class:`PolicyServerError`."""
@@ -104,7 +96,10 @@ def raise_for(status: int, answer: Any) -> None:
     kind = {
         409: errors.EpisodeConflictError,
         429: errors.MemoryLimitError if code == "memory_limit" else errors.TooManyEpisodesError,
-        422: _INVALID.get(code, errors.InvalidArgumentError),  # the server's own kind
+        422: {  # error_handlers._STATUS's kinds; invalid_value and invalid_request: the default
+            "space_mismatch": errors.SpaceMismatchError,
+            "invalid_type": errors.InvalidArgumentTypeError,
+        }.get(code, errors.InvalidArgumentError),
         503: errors.ActionTimeoutError if code == "timeout" else None,
     }.get(status)
     if kind is not None:
