@@ -34,8 +34,6 @@ REFUSAL_LOG_INTERVAL_S = 1.0
 """Refused connections are logged at most this often, with their count."""
 LINGER_RECEIVE_BUFFER_BYTES = 4 * 1024
 """A lingering socket's kernel receive buffer (``SO_RCVBUF``; Linux doubles it)."""
-EVICTED_MAX_LINGER_S = 120.0
-"""The longest such a connection lingers (under attack, see :mod:`.slots`)."""
 SEND_BUFFER_BYTES = 64 * 1024
 """Each socket's kernel send buffer (``SO_SNDBUF``; Linux doubles it): all a client that
 never reads holds of the kernel's memory (a loopback socket grows to 4 MB by itself)."""
@@ -358,7 +356,6 @@ def protocol_class(
         limits.unauthenticated_cap,
         linger_s=EVICTED_LINGER_S,
         max_lingering=max_lingering,
-        max_linger_s=EVICTED_MAX_LINGER_S,
     )
     attributes = {"limits": limits, "token": token, "slots": slots}
     return type("JaxRunnerH11Protocol", (DeadlineH11Protocol,), attributes)
