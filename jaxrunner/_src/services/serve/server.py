@@ -69,13 +69,10 @@ class PolicyServer:
         )
         self.env = env
         self.token_file: pathlib.Path | None = None
-        self.token: str | None = None
-        if config.require_token:
-            if config.token is not None:
-                self.token = config.token
-            else:
-                self.token_file = pathlib.Path(config.token_file or default_token_file())
-                self.token = load_or_create_token(self.token_file)
+        self.token = config.token if config.require_token else None
+        if config.require_token and self.token is None:
+            self.token_file = pathlib.Path(config.token_file or default_token_file())
+            self.token = load_or_create_token(self.token_file)
         self.asgi_app, self.app = create_app(env, self.token, config.max_body_bytes)
         # Files for the connections, up to twice as many lingering ones (see slots.py) and
         # 256 for the rest: an accept() refused for want of one would stall every newcomer.
