@@ -96,10 +96,11 @@ def raise_for(status: int, answer: Any) -> None:
     kind = {
         409: errors.EpisodeConflictError,
         429: errors.MemoryLimitError if code == "memory_limit" else errors.TooManyEpisodesError,
-        422: {  # error_handlers._STATUS's kinds; invalid_value and invalid_request: the default
-            "space_mismatch": errors.SpaceMismatchError,
-            "invalid_type": errors.InvalidArgumentTypeError,
-        }.get(code, errors.InvalidArgumentError),
+        422: errors.SpaceMismatchError  # the server's kind (error_handlers._STATUS)
+        if code == "space_mismatch"
+        else errors.InvalidArgumentTypeError
+        if code == "invalid_type"
+        else errors.InvalidArgumentError,  # invalid_value, the schema's invalid_request
         503: errors.ActionTimeoutError if code == "timeout" else None,
     }.get(status)
     if kind is not None:
