@@ -137,11 +137,15 @@ class PolicyBatcher:
             return self._params, self._params_version
 
     def close(self) -> None:
-        """Stops the thread; queued requests fail with ``ClosedError``."""
+        """Stops the thread; queued requests fail with ``ClosedError`` (without the lock:
+        on_abort takes the env's lock)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._thread.join()
+        self._thread.join()  # the queue is this thread's now: submit refuses
+        error = ClosedError("the external env was closed before this action was computed.")
+        while self._queue:
+            self._finish(self._queue.popleft(), error)
 
     def _loop(self) -> None:
         while True:
@@ -155,16 +159,7 @@ class PolicyBatcher:
             while not self._queue and not self._closed:
                 self._cond.wait()
             if self._closed:
-                queued = list(self._queue)
-                self._queue.clear()
-            else:
-                queued = None
-        if queued is not None:  # outside the lock: on_abort takes the env's lock
-            error = ClosedError("the external env was closed before this action was computed.")
-            for request in queued:
-                self._finish(request, error)
-            return None
-        with self._cond:
+                return None  # close() fails the queued requests
             deadline = time.monotonic() + self._max_wait_s
             while self._queued_rows < self._max_batch and not self._closed:
                 if self._ready_hint is not None and self._queued_rows >= self._ready_hint():
