@@ -3,6 +3,8 @@ against an ExternalEnv or a PolicyClient, and replay them in a fresh env."""
 
 from __future__ import annotations
 
+import threading
+
 import gymnasium
 import numpy as np
 
@@ -23,6 +25,26 @@ def play(client, seed: int, episode_id: int | None = None, max_steps: int = 500)
             return eid
     client.end_episode(eid, obs, truncated=True)
     return eid
+
+
+def run_threads(target, args_list) -> None:
+    """Runs ``target(*args)`` for each of ``args_list`` in threads of their own, all at
+    once; re-raises the first error one of them raised."""
+    errors_seen: list[BaseException] = []
+
+    def guarded(*args):
+        try:
+            target(*args)
+        except BaseException as err:
+            errors_seen.append(err)
+
+    threads = [threading.Thread(target=guarded, args=args) for args in args_list]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors_seen:
+        raise errors_seen[0]
 
 
 def assert_replays(episode: jr.Episode, seed: int) -> None:

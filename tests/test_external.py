@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from external_helpers import assert_replays, play
+from external_helpers import assert_replays, play, run_threads
 from gated_policy import GatedPolicy, when_idle
 from gymnasium import spaces
 
@@ -42,11 +42,7 @@ def external():
 def test_concurrent_episodes_equal_the_envs_own_and_are_batched(external):
     before = external.get_metrics()
     seeds = list(range(100, 124))
-    threads = [threading.Thread(target=play, args=(external, s, s)) for s in seeds]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_threads(play, [(external, s, s) for s in seeds])
     episodes = {e.episode_id: e for e in external.poll_episodes()}
     assert sorted(episodes) == seeds  # episode ids as given, none lost or duplicated
     for seed, episode in episodes.items():
@@ -70,13 +66,7 @@ def test_actions_depend_on_seed_episode_and_step_only(external):
         play(external, seed=eid - 1000, episode_id=eid)
     alone = {e.episode_id: e.action for e in external.poll_episodes()}
     with make_external(max_wait_ms=20) as other:  # same seed and params, batched
-        threads = [
-            threading.Thread(target=play, args=(other, eid - 1000, eid)) for eid in reversed(ids)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        run_threads(play, [(other, eid - 1000, eid) for eid in reversed(ids)])
         batched = {e.episode_id: e.action for e in other.poll_episodes()}
         assert other.get_metrics()["mean_batch_size"] > 1
     for eid in ids:

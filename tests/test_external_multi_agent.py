@@ -4,7 +4,6 @@ recorded agent episodes checked exactly against what the env itself returned."""
 from __future__ import annotations
 
 import gc
-import threading
 import time
 from typing import Any
 
@@ -13,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from external_helpers import run_threads
 from external_multi_agent_helpers import Ref, assert_matches, make_env, play_parallel, play_turns
 
 from jaxrunner._src.core.policy import Policy
@@ -72,14 +72,7 @@ def test_actions_do_not_depend_on_batching():
         ExternalEnvConfig(max_batch=16, buckets=(4, 16), max_wait_ms=50.0),
     ):
         with make_env(ComingAndGoing(), seed=7, config=config) as env:
-            threads = [
-                threading.Thread(target=play_parallel, args=(env, k, ComingAndGoing(), 10 + k))
-                for k in range(3)
-            ]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
+            run_threads(play_parallel, [(env, k, ComingAndGoing(), 10 + k) for k in range(3)])
             results.append(
                 {(e.episode_id, e.agent_id): e.action.tolist() for e in env.poll_episodes()}
             )
@@ -176,23 +169,14 @@ def test_log_action_records_actions_as_given():
 def test_concurrent_threads_exact_counts():
     num_threads, per_thread = 6, 3
     refs: list[dict[str, Ref]] = []
-    errors: list[BaseException] = []
 
     def worker(k: int) -> None:
         pz = ComingAndGoing()
-        try:
-            for n in range(per_thread):
-                refs.append(play_parallel(env, 100 * k + n, pz))
-        except BaseException as err:
-            errors.append(err)
+        for n in range(per_thread):
+            refs.append(play_parallel(env, 100 * k + n, pz))
 
     with make_env(ComingAndGoing(), config=ExternalEnvConfig(max_batch=16)) as env:
-        threads = [threading.Thread(target=worker, args=(k,)) for k in range(num_threads)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        assert not errors
+        run_threads(worker, [(k,) for k in range(num_threads)])
         episodes = env.poll_episodes()
         metrics = env.get_metrics()
     expected_steps = sum(len(r.actions) for ref in refs for r in ref.values())

@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import gymnasium
@@ -18,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from external_helpers import assert_replays, play
+from external_helpers import assert_replays, play, run_threads
 
 import jaxrunner as jr
 import jaxrunner.errors as errors
@@ -58,24 +57,6 @@ def served(tmp_path_factory):
     yield env, server, token_file
     server.close()
     env.close()
-
-
-def run_threads(target, args_list) -> None:
-    errors_seen: list[BaseException] = []
-
-    def guarded(*args):
-        try:
-            target(*args)
-        except BaseException as err:
-            errors_seen.append(err)
-
-    threads = [threading.Thread(target=guarded, args=args) for args in args_list]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors_seen:
-        raise errors_seen[0]
 
 
 def test_64_concurrent_episodes_over_http_equal_the_envs_own(served):

@@ -5,14 +5,13 @@ limits and error format as for one agent."""
 from __future__ import annotations
 
 import pickle
-import threading
 
 import gymnasium
 import httpx
 import jax
 import numpy as np
 import pytest
-from external_helpers import play
+from external_helpers import play, run_threads
 from external_multi_agent_helpers import assert_matches, make_env, play_parallel, play_turns
 
 pytest.importorskip("fastapi")
@@ -75,21 +74,13 @@ def test_turn_based_env_over_http_exactly(tmp_path):
 
 def test_concurrent_clients_exact_counts(served):
     env, server, token_file = served
-    refs, failures = [], []
+    refs = []
 
     def agent(seed: int) -> None:
-        try:
-            with MultiAgentPolicyClient(server.url, token_file=token_file) as client:
-                refs.append(play_parallel(client, seed, ComingAndGoing()))
-        except BaseException as err:
-            failures.append(err)
+        with MultiAgentPolicyClient(server.url, token_file=token_file) as client:
+            refs.append(play_parallel(client, seed, ComingAndGoing()))
 
-    threads = [threading.Thread(target=agent, args=(seed,)) for seed in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not failures
+    run_threads(agent, [(seed,) for seed in range(6)])
     episodes = env.poll_episodes()
     metrics = env.get_metrics()
     steps = sum(len(r.actions) for ref in refs for r in ref.values())
