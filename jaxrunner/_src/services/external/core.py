@@ -73,7 +73,9 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
         self._started_at = time.monotonic()
         self._closed = False
         self._batchers = self._start_batchers(policies, params)
-        self._delivery = ActionDelivery(self._lock, self._batchers, self._memory, self._counts)
+        self._delivery = ActionDelivery(
+            self._lock, self._batchers, self._memory, self._counts, self._answer
+        )
         self._endings = EpisodeEndings(
             self._lock,
             self._episodes,
@@ -327,7 +329,7 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
                 action = None if actions is None else actions[agent]
                 row = Row(agent_obs, action, live.episode_id, step, record.carry)
                 parts.setdefault(record.policy_id, []).append((record, row))
-        return self._delivery.submit(live, parts, self._answer)
+        return self._delivery.submit(live, parts)
 
     def _end(self, episode_id: int, obs: dict[str, Any], truncated: bool, what: str) -> None:
         """Ends the episode (``MultiAgentExternalEnv.end_episode``'s contract)."""

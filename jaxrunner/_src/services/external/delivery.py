@@ -26,7 +26,6 @@ Answer = Callable[[dict[str, Any]], Any]  # a call's result from its {agent_id: 
 class _Call:
     live: EpisodeRecord
     parts: Parts
-    answer: Answer
     # Not its future: ``calls`` maps the future to the call weakly.
     results: dict[str, list[RowResult]] = dataclasses.field(default_factory=dict)
     finished: bool = False  # recorded, failed or dropped: later answers are ignored
@@ -45,17 +44,16 @@ class ActionDelivery:
     batchers: Mapping[str, PolicyBatcher]
     memory: MemoryBudget
     counts: collections.Counter[str]
+    answer: Answer  # what the future of a submitted call resolves to
     calls: weakref.WeakKeyDictionary[concurrent.futures.Future, _Call] = dataclasses.field(
         default_factory=weakref.WeakKeyDictionary, repr=False
     )  # the call of each future, for retract
 
-    def submit(
-        self, live: EpisodeRecord, parts: Parts, answer: Answer
-    ) -> concurrent.futures.Future:
+    def submit(self, live: EpisodeRecord, parts: Parts) -> concurrent.futures.Future:
         """Requests the rows of ``parts`` for ``live`` (claimed by the caller); once every
         step is recorded the future resolves to ``answer({agent_id: action})`` of the
         sampled rows."""
-        call = _Call(live, parts, answer)
+        call = _Call(live, parts)
         future: concurrent.futures.Future = concurrent.futures.Future()
         try:
             for policy_id, part in parts.items():
@@ -92,7 +90,7 @@ class ActionDelivery:
                     self._settle(live, record.nbytes - before, len(results))
 
         # A call for its abort only: on_done records the rows (and none is retracted).
-        call = _Call(live, {record.policy_id: [(record, row) for row in rows]}, dict)
+        call = _Call(live, {record.policy_id: [(record, row) for row in rows]})
 
         def on_abort(error: BaseException | None) -> None:  # failed, or (None) cancelled
             with self.lock:
@@ -125,7 +123,7 @@ class ActionDelivery:
                 return
             call.finished = True
             actions = self._record(call)
-        future.set_result(call.answer(actions))
+        future.set_result(self.answer(actions))
 
     def _record(self, call: _Call) -> dict[str, Any]:
         """Records ``call`` as one env step; returns ``{agent_id: action}`` of its
@@ -187,7 +185,6 @@ class ActionDelivery:
             self._count_undelivered(call.num_rows)
 
     def _count_undelivered(self, rows: int) -> None:
-
         self.counts["num_dropped_steps"] += rows
         self.counts["num_undelivered_actions"] += rows
 
