@@ -1,14 +1,29 @@
-"""Helpers shared by the external-env and serving tests: play CartPole episodes
-against an ExternalEnv or a PolicyClient, and replay them in a fresh env."""
+"""Helpers shared by the external-env and serving tests: a CartPole ExternalEnv, play
+CartPole episodes against it or a PolicyClient, and replay them in a fresh env."""
 
 from __future__ import annotations
 
 import threading
 
 import gymnasium
+import jax
 import numpy as np
 
 import jaxrunner as jr
+from jaxrunner.models import mlp_policy
+
+CARTPOLE = gymnasium.make("CartPole-v1")
+OBS_SPACE, ACTION_SPACE = CARTPOLE.observation_space, CARTPOLE.action_space
+
+
+def make_external(**config) -> jr.ExternalEnv:
+    config.setdefault("max_batch", 8)
+    config.setdefault("buckets", (config["max_batch"],))
+    policy = mlp_policy(ACTION_SPACE, hidden=(16,))
+    params = policy.init(jax.random.key(0), OBS_SPACE)
+    return jr.ExternalEnv(
+        OBS_SPACE, ACTION_SPACE, policy, params, seed=3, config=jr.ExternalEnvConfig(**config)
+    )
 
 
 def play(client, seed: int, episode_id: int | None = None, max_steps: int = 500) -> int:

@@ -10,7 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from external_helpers import assert_replays, play, run_threads
+from external_helpers import (
+    ACTION_SPACE,
+    OBS_SPACE,
+    assert_replays,
+    make_external,
+    play,
+    run_threads,
+)
 from gated_policy import GatedPolicy, when_idle
 from gymnasium import spaces
 
@@ -18,19 +25,6 @@ import jaxrunner as jr
 import jaxrunner.errors as errors
 from jaxrunner._src.space_arrays import check_value
 from jaxrunner.models import mlp_policy
-
-CARTPOLE = gymnasium.make("CartPole-v1")
-OBS_SPACE, ACTION_SPACE = CARTPOLE.observation_space, CARTPOLE.action_space
-
-
-def make_external(**config) -> jr.ExternalEnv:
-    config.setdefault("max_batch", 8)
-    config.setdefault("buckets", (config["max_batch"],))
-    policy = mlp_policy(ACTION_SPACE, hidden=(16,))
-    params = policy.init(jax.random.key(0), OBS_SPACE)
-    return jr.ExternalEnv(
-        OBS_SPACE, ACTION_SPACE, policy, params, seed=3, config=jr.ExternalEnvConfig(**config)
-    )
 
 
 @pytest.fixture(scope="module")

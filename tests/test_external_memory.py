@@ -8,32 +8,17 @@ import time
 import tracemalloc
 import weakref
 
-import gymnasium
-import jax
 import numpy as np
 import pytest
+from external_helpers import ACTION_SPACE, OBS_SPACE, make_external
 from gated_policy import GatedPolicy
 
-import jaxrunner as jr
 import jaxrunner.errors as errors
 from jaxrunner._src import space_arrays
 from jaxrunner._src.services.external.episodes import AgentRecord
 from jaxrunner._src.services.external.memory import AGENT_RECORD_BYTES, episode_nbytes
-from jaxrunner.models import mlp_policy
 
-CARTPOLE = gymnasium.make("CartPole-v1")
-OBS_SPACE, ACTION_SPACE = CARTPOLE.observation_space, CARTPOLE.action_space
 OBS = np.zeros(4, np.float32)
-
-
-def make_external(**config) -> jr.ExternalEnv:
-    config.setdefault("max_batch", 8)
-    config.setdefault("buckets", (config["max_batch"],))
-    policy = mlp_policy(ACTION_SPACE, hidden=(16,))
-    params = policy.init(jax.random.key(0), OBS_SPACE)
-    return jr.ExternalEnv(
-        OBS_SPACE, ACTION_SPACE, policy, params, seed=3, config=jr.ExternalEnvConfig(**config)
-    )
 
 
 # -- item 11: concurrent calls reserve before anything is computed ---------------------------

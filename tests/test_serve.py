@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from external_helpers import assert_replays, play, run_threads
+from external_helpers import ACTION_SPACE, OBS_SPACE, assert_replays, play, run_threads
 
 import jaxrunner as jr
 import jaxrunner.errors as errors
@@ -31,8 +31,6 @@ from jaxrunner._src.services.serve import wire  # noqa: E402
 from jaxrunner._src.services.serve.client_http import raise_for  # noqa: E402
 from jaxrunner.serve import PolicyClient, PolicyServer, ServerConfig  # noqa: E402
 
-CARTPOLE = gymnasium.make("CartPole-v1")
-OBS_SPACE, ACTION_SPACE = CARTPOLE.observation_space, CARTPOLE.action_space
 POLICY = mlp_policy(ACTION_SPACE, hidden=(16,))
 
 
