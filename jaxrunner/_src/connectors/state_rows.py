@@ -35,9 +35,3 @@ def _zip_rows(full: ConnectorsState, part: ConnectorsState, fn: Any) -> Connecto
         for f, p in zip(full.obs, part.obs)
     )
     return ConnectorsState(obs, part.reward)
-
-
-def device_copy(state: ConnectorsState) -> ConnectorsState:
-    """A device copy of ``state`` that the runner owns: its compiled step donates its
-    state, so a caller's arrays must never be the runner's."""
-    return jax.device_put(jax.device_get(state))

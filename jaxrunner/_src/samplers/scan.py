@@ -15,7 +15,6 @@ from gymnasium import spaces
 
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.connectors.pipeline import ConnectorsState
-from jaxrunner._src.connectors.state_rows import device_copy
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
 from jaxrunner._src.samplers.episode_ids import SampleCounts, agent_episode_ends
 from jaxrunner._src.samplers.policy_step import initial_actor_state
@@ -210,7 +209,10 @@ class ScanSampler:
         :meth:`get_connector_state`'s); never recompiles."""
         actor = self._state.actor
         actors = actors_of(self.envs, actor)
-        actors[policy_id] = actors[policy_id].replace(connectors=device_copy(state))
+        # A device copy the runner owns: its compiled step donates its state.
+        actors[policy_id] = actors[policy_id].replace(
+            connectors=jax.device_put(jax.device_get(state))
+        )
         self._state = self._state.replace(actor=with_actors(self.envs, actor, actors))
 
     def get_state(self) -> dict[str, Any]:
