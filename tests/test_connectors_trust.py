@@ -28,23 +28,7 @@ from jaxrunner.errors import (
     InvalidStepError,
     SpaceMismatchError,
 )
-from jaxrunner.models import mlp_policy
-
-POLICY = functools.partial(mlp_policy, hidden=(16, 16))
-
-
-def short_cartpole() -> gymnasium.Env:
-    return gymnasium.make("CartPole-v1", max_episode_steps=15)
-
-
-def make_runner(
-    envs: Any, connectors: C.Connectors, rollout_length: int = 12, seed: int = 3, **kwargs: Any
-) -> jr.EnvRunner:
-    policy = POLICY(envs.single_action_space)
-    params = policy.init(
-        jax.random.key(0), connectors.observation_space(envs.single_observation_space)
-    )
-    return jr.EnvRunner(envs, policy, params, rollout_length, seed, connectors=connectors, **kwargs)
+from tests.test_connectors import make_runner, short_cartpole
 
 
 class NaNObservation(gymnasium.Wrapper):
