@@ -20,7 +20,7 @@ from jaxrunner._src.connectors.per_group import per_policy_connectors
 from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
 from tests import multi_agent_envs as envs_mod
-from tests.test_connectors import CountingTraces, assert_moments_match
+from tests.test_connectors import CountingTraces, assert_moments_match, full_connectors
 from tests.test_multi_agent import random_policy, zero_params
 from tests.test_multi_agent_jax import Drift
 from tests.test_multi_agent_jax import random_policy as scan_policy
@@ -151,12 +151,6 @@ def test_frame_stack_restarts_per_agent_episode_and_never_mixes_envs_or_agents(f
 
 
 # -- determinism, compiles, transfers ----------------------------------------------------------
-
-
-def full_connectors() -> C.Connectors:
-    return C.Connectors(
-        obs=[C.NormalizeObservation(), C.FrameStack(num_frames=2)], reward=C.ScaleReward()
-    )
 
 
 @pytest.mark.parametrize(("factory", "n"), ENVS)
