@@ -162,8 +162,8 @@ def evaluate(
             frozen = _frozen_states(runner, connector_state)
             runner.set_connector_state(runner.from_policy_dict(frozen))
         agents = list(envs.possible_agents) if runner.multi_agent else []
-        ends = _env_episode_ends(runner, agents) if runner.multi_agent else _episode_ends(runner)
         per_sample = rollout_length * envs.num_envs
+        ends = _episode_ends(runner, agents)
         return _first_episodes(ends, envs.num_envs, num_episodes, agents, per_sample, max_env_steps)
     finally:  # the caller's envs stay open, free for the next evaluation
         runner.stop(close_envs=False)
@@ -257,17 +257,14 @@ def _result(kept: list[list[_Ended]], agents: list[str]) -> EvaluationResult:
     )
 
 
-def _episode_ends(runner: EnvRunner) -> Callable[[], list[_Ended]]:
-    """Single-agent: the complete episodes the next sample ends (as ``sample_episodes``
-    sees them: never a faulty one), in start order."""
-    return lambda: [
-        (e.env_id, e.total_return, e.length, {}, e) for e in sampled_episodes(runner, False)
-    ]
-
-
-def _env_episode_ends(runner: EnvRunner, agents: list[str]) -> Callable[[], list[_Ended]]:
-    """Multi-agent: the env episodes the next sample ends, summed from the slots of its
-    ``agents``; never a faulty one (cut by a failed step of its env)."""
+def _episode_ends(runner: EnvRunner, agents: list[str]) -> Callable[[], list[_Ended]]:
+    """The complete episodes the next sample ends, never a faulty one. Single-agent: as
+    ``sample_episodes`` sees them, in start order; multi-agent: the env episodes, summed
+    from the slots of its ``agents`` (a failed step of its env makes one faulty)."""
+    if not runner.multi_agent:
+        return lambda: [
+            (e.env_id, e.total_return, e.length, {}, e) for e in sampled_episodes(runner, False)
+        ]
     running = [(0.0, 0, dict.fromkeys(agents, 0.0)) for _ in range(runner.envs.num_envs)]
 
     def next_ends() -> list[_Ended]:
