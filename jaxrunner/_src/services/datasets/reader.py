@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium
@@ -74,10 +74,9 @@ def from_minari(
         name = f"<{type(dataset).__name__}>"
         storage, total = dataset.storage, int(dataset.storage.total_episodes)
         obs_space, action_space = dataset.observation_space, dataset.action_space
-    chosen: Iterable[int] = episode_indices if episode_indices is not None else ()
     if episode_indices is None:
-        chosen = range(total) if isinstance(dataset, str) else dataset.episode_indices
-    indices = [_index(i, total, name) for i in chosen]
+        episode_indices = range(total) if isinstance(dataset, str) else [*dataset.episode_indices]
+    indices = [_index(i, total, name) for i in episode_indices]
     episodes = []
     reader = None
     for index in indices:
