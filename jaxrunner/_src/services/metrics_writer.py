@@ -111,7 +111,15 @@ class MetricsWriter:
                     f"MetricsWriter(tensorboard_dir={path!r}): that is a file; give a folder "
                     "(created if missing), where TensorBoard's event files go."
                 )
-            self._tensorboard = _summary_writer(path)
+            try:
+                from tensorboardX import SummaryWriter
+            except ImportError as err:
+                raise MissingDependencyError(
+                    "MetricsWriter(tensorboard_dir=...): TensorBoard output needs tensorboardX; "
+                    'install it with pip install "jaxrunner[tensorboard]" (or leave '
+                    "tensorboard_dir unset and pass a callable)."
+                ) from err
+            self._tensorboard = SummaryWriter(logdir=path)
         self._writes = 0
 
     def write(self, metrics: Mapping[str, Any], step: int | None = None) -> dict[str, int | float]:
@@ -150,15 +158,3 @@ class MetricsWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _summary_writer(logdir: str) -> Any:
-    try:
-        from tensorboardX import SummaryWriter
-    except ImportError as err:
-        raise MissingDependencyError(
-            "MetricsWriter(tensorboard_dir=...): TensorBoard output needs tensorboardX; "
-            'install it with pip install "jaxrunner[tensorboard]" (or leave '
-            "tensorboard_dir unset and pass a callable)."
-        ) from err
-    return SummaryWriter(logdir=logdir)
