@@ -145,8 +145,7 @@ def evaluate(
             "evaluate(connector_state=...): no connectors to take it; pass "
             "connectors=<the training runner's Connectors> as well."
         )
-    multi_agent = is_multi_agent(envs)
-    if isinstance(policy, Mapping) and not multi_agent:
+    if isinstance(policy, Mapping) and not is_multi_agent(envs):
         raise InvalidArgumentError(
             f"evaluate(policy=...): a single-agent vector env takes one jaxrunner.Policy, got "
             f"{type(policy).__name__}."
