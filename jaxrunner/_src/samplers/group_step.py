@@ -19,6 +19,7 @@ from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.samplers.episode_ids import agent_episode_ends
 from jaxrunner._src.samplers.info_arrays import InfoRecorder, policy_extras
 from jaxrunner._src.samplers.kept_programs import kept_for, packing_layout
+from jaxrunner._src.samplers.leaf_writes import put_leaves, tree_leaves
 from jaxrunner._src.samplers.multi_agent_state import GroupState
 from jaxrunner._src.samplers.policy_step import CompiledPolicyStep, Stage, host_actor_state
 
@@ -388,37 +389,3 @@ class GroupSampler:
 def _zeros(spec: Any, shape: tuple[int, ...]) -> Any:
     """Zeroed ``[*shape, ...]`` arrays for ``spec``'s ``[rows, ...]`` leaves."""
     return jax.tree.map(lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), spec)
-
-
-def tree_leaves(tree: Any) -> list[np.ndarray]:
-    """The arrays of a pytree (a lone array without a tree walk)."""
-    return [tree] if isinstance(tree, np.ndarray) else jax.tree.leaves(tree)
-
-
-def put_leaves(
-    dsts: list[np.ndarray], srcs: list[np.ndarray], index: Any, mask: np.ndarray | None
-) -> None:
-    """Leaf by leaf, ``dst[index] = src`` (``dst`` itself where ``index`` is None)
-    where ``mask`` (None: everywhere; it covers the leading axes)."""
-    for dst, src in zip(dsts, srcs):
-        if mask is not None:
-            view = dst if index is None else dst[index]
-            where = mask
-            if view.ndim > mask.ndim:
-                where = mask.reshape(*mask.shape, *([1] * (view.ndim - mask.ndim)))
-            np.copyto(view, src, where=where)
-        elif index is None:
-            dst[...] = src
-        else:
-            dst[index] = src  # a setitem: no view made
-
-
-def put_rows(dsts: list[np.ndarray], srcs: list[np.ndarray], index: Any, mask: Any) -> None:
-    """Leaf by leaf, ``dst[index] = src`` (fancy ``index``) where ``mask`` (None:
-    everywhere; it covers the leading axes of ``src``)."""
-    for dst, src in zip(dsts, srcs):
-        if mask is None:
-            dst[index] = src
-        else:
-            where = mask.reshape(*mask.shape, *([1] * (src.ndim - mask.ndim)))
-            dst[index] = np.where(where, src, dst[index])

@@ -15,7 +15,8 @@ from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.steps import FIELDS, GroupBuffers, MultiAgentStep
 from jaxrunner._src.core.multi_agent_trajectory import GroupTrajectory
 from jaxrunner._src.core.policy import Params
-from jaxrunner._src.samplers.group_step import GroupSampler, RowsPart, put_rows, tree_leaves
+from jaxrunner._src.samplers.group_step import GroupSampler, RowsPart
+from jaxrunner._src.samplers.leaf_writes import put_rows, tree_leaves
 from jaxrunner._src.samplers.policy_step import CompiledPolicyStep, Stage
 from jaxrunner._src.samplers.sampler import StepProgress
 from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
