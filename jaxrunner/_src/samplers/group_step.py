@@ -1,5 +1,5 @@
 """One agent group's part of the host loop: its compiled policy steps, stages and pending
-turns, stepped block by block (envs in any order: :class:`.ready_first.GroupRows`)."""
+turns, stepped block by block (envs in any order: :mod:`.group_rows`)."""
 
 from __future__ import annotations
 
