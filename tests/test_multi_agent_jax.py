@@ -14,14 +14,14 @@ from gymnasium import spaces
 
 import jaxrunner as jr
 from jaxrunner._src.core.metrics import RunnerMetrics
-from jaxrunner._src.samplers.episode_ids import EpisodeBook
-from jaxrunner._src.samplers.sampler import SamplerSetup
-from jaxrunner._src.samplers.scan import ScanSampler
-from jaxrunner._src.samplers.scan_rollout import (
+from jaxrunner._src.samplers.env_streams import (
     ENV_FIRST_RESET_STREAM,
     ENV_RESET_STREAM,
     ENV_STEP_STREAM,
 )
+from jaxrunner._src.samplers.episode_ids import EpisodeBook
+from jaxrunner._src.samplers.sampler import SamplerSetup
+from jaxrunner._src.samplers.scan import ScanSampler
 from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
 from jaxrunner.testing import Drift
 

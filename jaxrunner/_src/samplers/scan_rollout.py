@@ -21,15 +21,13 @@ from jaxrunner._src.connectors.sample_end import finish_inputs
 from jaxrunner._src.core.multi_agent_trajectory import GroupTrajectory
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.core.trajectory import Trajectory
+from jaxrunner._src.samplers.env_streams import (
+    env_roots,
+    env_step_keys,
+    first_reset_keys,
+    reset_where_done,
+)
 from jaxrunner._src.samplers.policy_step import ActorState, act
-
-ENV_STEP_STREAM = 0xFFFFFFFF
-"""Folded into the seed's key to root the envs' step keys (the policy's stream folds
-in env ids, which never reach these values)."""
-ENV_RESET_STREAM = 0xFFFFFFFE
-"""Roots the keys of the resets that follow ended episodes."""
-ENV_FIRST_RESET_STREAM = 0xFFFFFFFD
-"""Roots the keys of the envs' first resets."""
 
 
 class RolloutState(flax.struct.PyTreeNode):
@@ -70,15 +68,13 @@ def initial_state(
 ) -> RolloutState:
     """Resets every env with its first-reset key (``reset(keys) -> (obs, env_state)``,
     ``[B]`` envs); pure, jit it."""
-    key = keys.key(seed)
-    obs, env_state = reset(env_step_keys(key, ENV_FIRST_RESET_STREAM, jnp.arange(num_envs)))
-    roots = [jax.random.fold_in(key, stream) for stream in (ENV_STEP_STREAM, ENV_RESET_STREAM)]
+    obs, env_state = reset(first_reset_keys(seed, jnp.arange(num_envs)))
     int_dtype = jax.dtypes.canonicalize_dtype(np.int64)
     return RolloutState(
         obs=obs,
         env_state=env_state,
         actor=actor,
-        env_roots=jax.random.key_data(jnp.stack(roots)),
+        env_roots=jax.random.key_data(env_roots(seed)),
         num_steps=jnp.zeros((), jnp.uint32),
         episode_start=jnp.ones(num_envs, bool),
         episode_id=jnp.arange(num_envs, dtype=int_dtype),
@@ -86,47 +82,6 @@ def initial_state(
         episode_return=jnp.zeros(num_envs, jax.dtypes.canonicalize_dtype(np.float64)),
         next_episode_id=jnp.asarray(num_envs, int_dtype),
     )
-
-
-def env_step_keys(root: jax.Array, step: int | jax.Array, env_ids: jax.Array) -> jax.Array:
-    """``[B]`` keys of the envs' ``step``-th step (or reset) under ``root``: one shared
-    key, ``fold_in(root, step)``, hashed with each env id."""
-    shared = jax.random.fold_in(root, step)
-    return jax.vmap(lambda i: jax.random.fold_in(shared, i))(env_ids.astype(jnp.uint32))
-
-
-def reset_where_done(
-    done: jax.Array,
-    stepped: Any,
-    reset: Callable[[jax.Array], Any],
-    reset_root: jax.Array,
-    step: jax.Array,
-    env_ids: jax.Array,
-) -> Any:
-    """``stepped`` (a pytree of ``[B, ...]`` leaves) with the rows where ``done`` replaced
-    by ``reset(keys)``'s (a reset of ``len(keys)`` envs), env ``i`` reset with
-    ``fold_in(fold_in(reset_root, step), i)``.
-
-    Only the done envs are reset (up to ``B // 8`` gathered into a small batch, else
-    all at once), where gymnax's and JaxMARL's ``step`` reset all ``B`` every step."""
-    num_envs = done.shape[0]
-    few = max(num_envs // 8, 1)
-
-    def pick(new: jax.Array, old: jax.Array) -> jax.Array:  # ``done`` over trailing axes
-        return jnp.where(done.reshape(-1, *([1] * (jnp.ndim(old) - 1))), new, old)
-
-    def all_rows() -> Any:
-        return jax.tree.map(pick, reset(env_step_keys(reset_root, step, env_ids)), stepped)
-
-    def some_rows() -> Any:
-        # The done rows, padded with an index past the end that the scatter drops.
-        rows = jnp.nonzero(done, size=few, fill_value=num_envs)[0]
-        fresh = reset(env_step_keys(reset_root, step, env_ids[jnp.minimum(rows, num_envs - 1)]))
-        return jax.tree.map(lambda old, new: old.at[rows].set(new, mode="drop"), stepped, fresh)
-
-    count = jnp.count_nonzero(done)
-    branch = jnp.where(count == 0, 0, jnp.where(count <= few, 1, 2))
-    return jax.lax.switch(branch, [lambda: stepped, some_rows, all_rows])
 
 
 def scan_envs(
