@@ -46,8 +46,8 @@ def check_construction(
     check_int(who, "seed", seed, low=0)
 
 
-def check_episode_id(episode_id: Any) -> int | None:
-    return check_int(
+def check_episode_id(episode_id: Any) -> None:
+    check_int(
         "start_episode", "episode_id", episode_id, low=0, high=MAX_EPISODE_ID,
         hint="below 2**63", none="to pick a free one",
     )  # fmt: skip

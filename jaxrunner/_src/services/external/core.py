@@ -139,16 +139,18 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
             TooManyEpisodesError: at ``max_concurrent`` (or the client's cap).
             EpisodeConflictError: ``episode_id`` is in use or was used recently.
         """
-        episode_id = checks.check_episode_id(episode_id)
-        training_enabled = check_bool("start_episode", "training_enabled", training_enabled)
+        checks.check_episode_id(episode_id)
+        check_bool("start_episode", "training_enabled", training_enabled)
         with self._lock:
             self._check_open("start_episode")
             self._memory.check(1, "start_episode", records=1)
             live = self._episodes.open(episode_id, client, training_enabled)
-            if not self.multi_agent:  # an ExternalEnv's agent is in it from its start
-                self._join(live, self.possible_agents, "start_episode", from_start=True)
+            self._opened(live)
             self._counts["num_started_episodes"] += 1
             return live.episode_id
+
+    def _opened(self, live: EpisodeRecord) -> None:
+        """A new live episode; by default agents join at first mention."""
 
     def poll_episodes(self) -> list[E]:
         """Takes every finished training episode not yet taken, in the order they ended."""

@@ -17,7 +17,7 @@ from jaxrunner._src.services.external.batching import Row
 from jaxrunner._src.services.external.config import ExternalEnvConfig
 from jaxrunner._src.services.external.core import ExternalEnvCore
 from jaxrunner._src.services.external.delivery import wait_for
-from jaxrunner._src.services.external.episodes import AgentRecord
+from jaxrunner._src.services.external.episodes import AgentRecord, EpisodeRecord
 from jaxrunner._src.space_arrays import check_value
 from jaxrunner.errors import EpisodeConflictError, InvalidArgumentError
 
@@ -65,6 +65,9 @@ class ExternalEnv(ExternalEnvCore[Episode]):
         self.policy = policy
         group = AgentGroup(AGENT, (AGENT,), observation_space, action_space)
         super().__init__([group], {AGENT: policy}, {AGENT: params}, seed, config)
+
+    def _opened(self, live: EpisodeRecord) -> None:
+        self._join(live, [AGENT], "start_episode", from_start=True)  # in it from its start
 
     def get_action(self, episode_id: int, obs: Any) -> Any:
         """The policy's action for ``obs`` (on-policy). Blocks until computed.

@@ -209,7 +209,7 @@ class EpisodeTable:
         return len(self._live)
 
     def open(self, episode_id: int | None, client: str, training_enabled: bool) -> EpisodeRecord:
-        """Adds a live episode (``episode_id`` checked; None: a fresh id)."""
+        """Adds a live episode (``episode_id`` type-checked; None: a fresh id)."""
         cap = self._max_concurrent
         if len(self._live) >= cap:
             raise TooManyEpisodesError(
@@ -233,10 +233,11 @@ class EpisodeTable:
                 f"start_episode(episode_id={episode_id}): an episode with this id is {state}; "
                 "episode ids must be unique. Pass another id, or None for a fresh one."
             )
+        episode_id = int(episode_id)
         if client not in self._client_ids and len(self._client_ids) < CLIENT_IDS_KEPT:
             self._client_ids[client] = len(self._client_ids)
         env_id = self._client_ids.get(client, -1)
-        live = EpisodeRecord(episode_id, client, env_id, training_enabled, time.monotonic())
+        live = EpisodeRecord(episode_id, client, env_id, bool(training_enabled), time.monotonic())
         self._live[episode_id] = live
         self._per_client[client] += 1
         return live
