@@ -3,10 +3,11 @@
 #
 #   benchmarks/gpu/session.sh prepare   # here: EnvPool (Atari, MuJoCo, classic control
 #                                       # only), gymnasium, ale-py, MuJoCo, pytest,
-#                                       # PettingZoo and MPE as cp312 wheels, unpacked
+#                                       # PettingZoo, MPE and PufferLib as cp312 wheels, unpacked
 #                                       # into .gpu/site.tgz (~35 MB)
 #   benchmarks/gpu/session.sh run [STEP...]   # there (carry .gpu): writes $OUT/*.json,
-#                                       # a log; steps: splits pong tests chunks mpe async
+#                                       # a log; steps: splits pong tests chunks mpe
+#                                       # mpe_peers async
 #                                       # (default: splits pong)
 #
 # The machine's image brings Python 3.12, JAX with CUDA, flax, chex, torch and OpenCV.
@@ -19,12 +20,13 @@ prepare)
   grep -qx "/.gpu/" .git/info/exclude 2>/dev/null || echo "/.gpu/" >>.git/info/exclude
   tmp=$(mktemp -d)
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+    --implementation cp --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 \
+    --platform manylinux_2_27_x86_64 \
     --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d "$tmp/whl" gymnasium==1.4.0 farama-notifications \
     ale-py==0.12.1 envpool==1.2.5 envpool-assets==0.3.0 dm-env optree dm-tree \
     types-protobuf glfw mujoco==3.3.7 pyopengl pytest pluggy iniconfig pettingzoo==1.27.0 \
-    mpe2==1.1.1 pygame-ce==2.5.8 || exit 1
+    mpe2==1.1.1 pygame-ce==2.5.8 pufferlib-core==3.0.23 || exit 1
   mkdir -p "$tmp/site" .gpu
   for w in "$tmp"/whl/*.whl; do unzip -q -o "$w" -d "$tmp/site"; done
   # EnvPool's other env families are 100+ MB: keep Atari, MuJoCo gym, classic control.
@@ -67,9 +69,11 @@ run)
     mpe)  # the multi-agent row: MPE simple-spread against the PettingZoo hand loop
       step 150 python3 -m jaxrunner bench --env mpe2:simple_spread_v3 --backend sync --num-envs 8 64 --rounds 3 --out "$OUT/bench_mpe_gpu.json"
       step 150 python3 -m jaxrunner bench --env mpe2:simple_spread_v3 --backend process --num-envs 8 64 --rounds 3 --out "$OUT/bench_mpe_process_gpu.json" ;;
+    mpe_peers)  # MPE beside PufferLib's PettingZoo emulation (Serial, Multiprocessing) and the hand loop
+      step 240 python3 benchmarks/multi_agent.py --part host --widths 8 64 --peers-python "$py" --rounds 3 --seconds 1 --out "$OUT/multi_agent_host_gpu.json" ;;
     async)  # EnvPool's async mode: the two halves gathered into one call, or each acting
       step 200 python3 benchmarks/envpool_reset_steps.py --workload pong --async-mode --per-recv --num-envs 8 32 --rollout-length 32 --reps 2 --rounds 5 --out "$OUT/envpool_per_recv_pong_gpu.json" ;;
-    *) echo "unknown step $name (steps: splits pong tests chunks mpe async)" >&2; exit 2 ;;
+    *) echo "unknown step $name (steps: splits pong tests chunks mpe mpe_peers async)" >&2; exit 2 ;;
     esac
   done
   ;;
