@@ -290,7 +290,9 @@ def test_bench_refuses_an_env_no_chosen_backends_library_knows(capsys, monkeypat
     from jaxrunner._src.bench import benchmark
 
     monkeypatch.setattr(rounds, "not_installed", lambda needs: None)  # as if all installed
-    monkeypatch.setattr(benchmark, "_registry", lambda backend: [f"{backend}-Only-v0"])
+    for backend, (name, _) in list(benchmark._REGISTRIES.items()):
+        ids = [f"{backend}-Only-v0"]
+        monkeypatch.setitem(benchmark._REGISTRIES, backend, (name, lambda ids=ids: ids))
     monkeypatch.setattr(bench, "run", lambda *a: pytest.fail("measured"))
     assert cli.main(["bench", "--backend", "all", "--env", "NoSuchEnv-v9"]) == 2
     err = capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib
 import os
 import sys
 import time
@@ -101,14 +102,14 @@ def check_env_id(config: BenchConfig, said: str) -> None:
     workload or a PettingZoo env is not checked)."""
     if config.workload is not None or plans_for(config.env) is MULTI_AGENT_PLANS:
         return
-    own_ids = [b for b in config.backends if b in _REGISTRY_NAMES]
+    own_ids = [b for b in config.backends if b in _REGISTRIES]
     installed = [b for b in own_ids if not PLANS[b].unavailable()]
-    if any(config.env in _registry(b) for b in installed):
+    if any(config.env in _REGISTRIES[b][1]() for b in installed):
         return
     if len(own_ids) == len(config.backends):
         if not installed:  # each is skipped, and the report says why
             return
-        names = " or ".join(_REGISTRY_NAMES[b] for b in installed)
+        names = " or ".join(_REGISTRIES[b][0] for b in installed)
         raise InvalidArgumentError(
             f"{said} {config.env}: {names} has no such env; give an id it lists."
         )
@@ -117,7 +118,7 @@ def check_env_id(config: BenchConfig, said: str) -> None:
             warnings.simplefilter("ignore")
             _find_spec(config.env)
     except Exception as err:  # not found, malformed, or its module:EnvId module fails
-        also = "".join(f", nor {_REGISTRY_NAMES[b]}" for b in installed)
+        also = "".join(f", nor {_REGISTRIES[b][0]}" for b in installed)
         raise InvalidArgumentError(
             f"{said} {config.env}: gymnasium has no such env ({type(err).__name__}: {err})"
             f"{also}; give an id it knows (e.g. CartPole-v1, or module:EnvId to import the "
@@ -126,22 +127,16 @@ def check_env_id(config: BenchConfig, said: str) -> None:
         ) from err
 
 
-def _registry(backend: str) -> list[str]:
-    """The ids of the library that ``backend`` (a key of ``_REGISTRY_NAMES``) makes its
-    envs with."""
-    if backend == "envpool":
-        import envpool  # type: ignore[import-not-found]  # the optional extra
-
-        return envpool.list_all_envs()
-    import gymnax  # type: ignore[import-not-found]  # the optional extra
-
-    return gymnax.registered_envs
-
-
-# The backends whose envs come from a library's own ids, and where it lists them.
-_REGISTRY_NAMES = {
-    "envpool": "EnvPool (envpool.list_all_envs())",
-    JAX_BACKEND: "gymnax (gymnax.registered_envs)",
+# The backends whose envs come from a library's own ids: where it lists them, and how.
+_REGISTRIES: dict[str, tuple[str, Callable[[], Any]]] = {
+    "envpool": (
+        "EnvPool (envpool.list_all_envs())",
+        lambda: importlib.import_module("envpool").list_all_envs(),
+    ),
+    JAX_BACKEND: (
+        "gymnax (gymnax.registered_envs)",
+        lambda: importlib.import_module("gymnax").registered_envs,
+    ),
 }
 
 

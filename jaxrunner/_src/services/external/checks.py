@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -106,7 +106,7 @@ def check_steps(
 
 
 def check_agent_dict(
-    value: Any, possible_agents: Sequence[str], call: str, name: str, *, empty: bool = False
+    value: Any, possible_agents: Collection[str], call: str, name: str, *, empty: bool = False
 ) -> dict[str, Any]:
     """``value`` (argument ``name`` of ``call``) as a dict keyed by known agent ids."""
     if not isinstance(value, dict):
@@ -130,7 +130,7 @@ def check_agent_dict(
     return dict(value)
 
 
-def check_agent_rewards(rewards: Any, possible_agents: Sequence[str]) -> dict[str, Any]:
+def check_agent_rewards(rewards: Any, possible_agents: Collection[str]) -> dict[str, Any]:
     rewards = check_agent_dict(rewards, possible_agents, "log_returns", "rewards", empty=True)
     for agent, reward in rewards.items():
         check_reward(reward, f"rewards[{agent!r}]")
@@ -191,7 +191,7 @@ def per_policy(
 def check_logged_actions(
     actions: Any,
     obs: Mapping[str, Any],
-    possible_agents: Sequence[str],
+    possible_agents: Collection[str],
     group_of: Mapping[str, AgentGroup],
     episode_id: int,
 ) -> dict[str, Any]:

@@ -127,7 +127,7 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
         """Like :meth:`log_action`, without waiting: the future resolves to ``{}``."""
         obs = self._check_obs(obs, "log_action")
         actions = checks.check_logged_actions(
-            actions, obs, self.possible_agents, self._group_of, episode_id
+            actions, obs, self._agent_index, self._group_of, episode_id
         )
         return self._submit(episode_id, obs, actions, "log_action")
 
@@ -144,7 +144,7 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
             EpisodeConflictError: an agent has ended (its rewards belong before
                 ``end_agents``), or a call for the episode is in flight.
         """
-        rewards = checks.check_agent_rewards(rewards, self.possible_agents)
+        rewards = checks.check_agent_rewards(rewards, self._agent_index)
         checks.check_info(info)
         with self._lock:
             live = self._get_live(episode_id, "log_returns", rewards)
@@ -221,7 +221,7 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
         return metrics
 
     def _check_obs(self, obs: Any, what: str, *, empty: bool = False) -> dict[str, Any]:
-        obs = checks.check_agent_dict(obs, self.possible_agents, what, "obs", empty=empty)
+        obs = checks.check_agent_dict(obs, self._agent_index, what, "obs", empty=empty)
         return {
             a: checks.check_obs(self._group_of[a].observation_space, o, f"obs[{a!r}]")
             for a, o in obs.items()

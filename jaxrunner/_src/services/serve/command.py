@@ -29,7 +29,6 @@ def add_serve_command(commands: Any) -> None:
     )
     serve.add_argument(
         "--policy",
-        default=None,
         metavar="MODULE:FUNCTION",
         help="FUNCTION(observation_space, action_space) -> (jaxrunner.Policy, params) "
         "(default: a tanh MLP of --hidden sizes with fresh params)",
@@ -58,7 +57,6 @@ def add_serve_command(commands: Any) -> None:
     )
     serve.add_argument(
         "--token-file",
-        default=None,
         help="file holding the bearer token clients must send, created if missing "
         "(default: ~/.config/jaxrunner/serve-token)",
     )
@@ -84,7 +82,6 @@ def add_serve_command(commands: Any) -> None:
     serve.add_argument(
         "--max-episodes-per-client",
         type=int,
-        default=None,
         help="the most live episodes per client (default: no limit but --max-concurrent)",
     )
     serve.add_argument(
