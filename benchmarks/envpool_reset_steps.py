@@ -35,6 +35,14 @@ Usage (needs the ``envpool`` extra)::
 ``--per-recv`` adds the runner with ``chunk_rows`` the recv batch: each half acts as it
 comes (the default gathers both halves into one chunk of every env, where a chunk is
 every env: an accelerator's, or a CNN's at 8 envs on a CPU host).
+
+``--lean`` (async mode) adds the bound of a leaner recording: the hand loop's shape, but
+acting through jaxrunner's own compiled policy step (per-env keys, actor state) and doing
+the least a runner must per ``recv``: EnvPool's reset steps flagged, the env ids checked
+against those in flight, the actions' range checked, every ``recv`` staged in arrival
+order and put into ``[T, B]`` with one reorder per sample. ``lean/hand`` is what that
+recording costs against the hand loop's; ``default/lean`` what the runner's own
+structure costs beyond it.
 """
 
 from __future__ import annotations
@@ -104,6 +112,90 @@ def _hand(work: Workload, num_envs: int, length: int, async_mode: bool) -> Calla
     ).rollout  # fmt: skip
 
 
+class _LeanLoop:
+    """The ``--lean`` bound (async mode): see the module's docstring. Its rollout is
+    ``2 * length`` recvs of half the envs, the reorder included; returns real transitions.
+    Each env's answers of a rollout fill its first ``counts[env]`` slots of ``traj`` (a
+    cost bound: it holds no env back, so an env may answer fewer or more than ``length``
+    times, where the runner holds it to ``length``)."""
+
+    def __init__(self, work: Workload, num_envs: int, length: int) -> None:
+        import envpool  # type: ignore[import-not-found]  # the optional extra
+
+        from jaxrunner._src.backends.envpool_calls import EnvPoolCalls
+        from jaxrunner._src.core.seeds import env_seeds
+        from jaxrunner._src.samplers.policy_step import CompiledPolicyStep, host_actor_state
+        from jaxrunner._src.space_arrays.actions import passing_batch_test
+
+        self.batch, self.num_envs, self.length = num_envs // 2, num_envs, length
+        self.pool = envpool.make_gymnasium(
+            work.envpool_id, num_envs=num_envs, batch_size=self.batch,
+            env_seed=env_seeds(SEED, num_envs),  # as a runner of seed SEED resets its envs
+            **work.envpool_kwargs,
+        )  # fmt: skip
+        obs_space, action_space = single_spaces(self.pool)
+        policy = work.policy(obs_space, action_space)
+        self.params = policy.init(jax.random.key(SEED), obs_space)
+        self.state, _ = host_actor_state(policy, SEED, num_envs, None, obs_space)
+        example = np.zeros((self.batch, *obs_space.shape), obs_space.dtype)
+        self.call = CompiledPolicyStep(
+            policy, self.params, self.state, self.batch, example, chunk_rows=self.batch
+        )
+        self.stage = self.call.new_stage()
+        self.calls, self.passes = (
+            EnvPoolCalls(self.pool),
+            passing_batch_test(action_space, (self.batch,)),
+        )
+        rounds, shape = 2 * length, (2 * length, self.batch)
+        self.obs = np.zeros((*shape, *obs_space.shape), obs_space.dtype)
+        self.action = np.zeros((*shape, *action_space.shape), action_space.dtype)
+        self.log_prob, self.reward = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        self.terminated, self.truncated = np.zeros(shape, np.bool_), np.zeros(shape, np.bool_)
+        self.env_id, self.invalid = np.zeros(shape, np.int64), np.zeros(shape, np.bool_)
+        self.traj = [np.zeros((length, num_envs, *x.shape[2:]), x.dtype) for x in self._staged()]
+        self.ended, self.in_flight = np.zeros(num_envs, np.bool_), np.zeros(num_envs, np.bool_)
+        self.rounds = rounds
+        self.pool.async_reset()
+
+    def _staged(self) -> list[np.ndarray]:
+        return [self.obs, self.action, self.log_prob, self.reward, self.terminated,
+                self.truncated, self.invalid]  # fmt: skip
+
+    def rollout(self) -> int:
+        calls, call, stage, params, n = self.calls, self.call, self.stage, self.params, self.batch
+        state, ended, in_flight = self.state, self.ended, self.in_flight
+        for r in range(self.rounds):
+            step = calls.recv()
+            ids = step.env_id
+            reset = ended[ids]  # a reset's first obs: its carry restarts
+            done = step.terminated | step.truncated  # a final obs: no transition from it
+            ended[ids] = done
+            in_flight[ids] = False
+            stage.obs[:n], stage.episode_start[:n], stage.env_index[:n] = step.obs, reset, ids
+            pending, state = call.dispatch(params, state, stage)
+            action, _, extras = call.collect(pending)
+            action, log_prob = action[:n], extras[0][:n]
+            if not self.passes(action) or in_flight[ids].any():
+                raise RuntimeError("lean loop: an action out of range or an env in flight")
+            in_flight[ids] = True
+            calls.send(action, ids)
+            self.obs[r], self.action[r], self.log_prob[r] = step.obs, action, log_prob
+            self.reward[r], self.terminated[r] = step.reward, step.terminated
+            self.truncated[r], self.env_id[r], self.invalid[r] = step.truncated, ids, done
+        self.state = state
+        # One reorder: each env's k-th answer of this rollout goes to its step k.
+        flat = self.env_id.ravel()
+        order = np.argsort(flat, kind="stable")
+        counts = self.counts = np.bincount(flat, minlength=self.num_envs)
+        t = np.empty_like(flat)
+        t[order] = np.arange(len(flat)) - np.repeat(np.cumsum(counts) - counts, counts)
+        kept = t < self.length
+        at = (t[kept], flat[kept])
+        for dst, src in zip(self.traj, self._staged()):
+            dst[at] = src.reshape(len(flat), *src.shape[2:])[kept]
+        return int(self.rounds * n - np.count_nonzero(self.invalid))
+
+
 def measure(
     work: Workload,
     num_envs: int,
@@ -113,6 +205,7 @@ def measure(
     reps: int | None,
     bound: bool = False,
     per_recv: bool = False,
+    lean: bool = False,
 ) -> dict:
     systems = {
         "default": _runner(work, num_envs, length, True, async_mode),
@@ -121,6 +214,8 @@ def measure(
     }
     if per_recv:  # a chunk of one recv: each half acts as it comes, as the hand loop's
         systems["per_recv"] = _runner(work, num_envs, length, True, async_mode, num_envs // 2)
+    if lean:
+        systems["lean"] = _LeanLoop(work, num_envs, length).rollout
     for run in systems.values():  # compile and warm up
         run()
         run()
@@ -145,6 +240,14 @@ def measure(
             "same_step/hand": med["same_step"] / med["hand"],
             "default/same_step": med["default"] / med["same_step"],
             **({"per_recv/default": med["per_recv"] / med["default"]} if per_recv else {}),
+            **(
+                {
+                    "lean/hand": med["lean"] / med["hand"],
+                    "default/lean": med["default"] / med["lean"],
+                }
+                if lean
+                else {}
+            ),
         },
         "reps_per_round": reps,
         "load_average": os.getloadavg(),
@@ -239,10 +342,15 @@ def main() -> None:
         help="with --async-mode: also the runner with chunk_rows = the recv batch (each "
         "half acts as it comes; the default gathers both into one chunk of every env)",
     )
+    parser.add_argument(
+        "--lean",
+        action="store_true",
+        help="with --async-mode: also the bound of a leaner recording (the module's docstring)",
+    )
     parser.add_argument("--out", help="write the results here as JSON")
     args = parser.parse_args()
-    if args.per_recv and not args.async_mode:
-        parser.error("--per-recv needs --async-mode (recvs of half the envs)")
+    if (args.per_recv or args.lean) and not args.async_mode:
+        parser.error("--per-recv and --lean need --async-mode (recvs of half the envs)")
     work = WORKLOADS[args.workload]
     if args.num_threads is not None:
         threads = {"num_threads": args.num_threads}
@@ -251,7 +359,7 @@ def main() -> None:
     for n in args.num_envs:
         row = measure(
             work, n, args.rollout_length, args.rounds, args.async_mode, args.reps, args.bound,
-            args.per_recv,
+            args.per_recv, args.lean,
         )  # fmt: skip
         results.append(row)
         med, ratio = row["median_steps_per_s"], row["ratios"]

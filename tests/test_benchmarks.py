@@ -432,7 +432,7 @@ def test_rllib_multi_agent_jaxrunner_half_writes_its_rows(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "mode", [["--num-threads", "1"], ["--async-mode", "--bound", "--per-recv"]]
+    "mode", [["--num-threads", "1"], ["--async-mode", "--bound", "--per-recv", "--lean"]]
 )
 def test_envpool_reset_steps_times_both_modes_and_the_hand_loop(tmp_path, mode):
     pytest.importorskip("envpool")
@@ -444,11 +444,13 @@ def test_envpool_reset_steps_times_both_modes_and_the_hand_loop(tmp_path, mode):
     assert report["envpool_kwargs"] == threads  # every pool's (CartPole has no others)
     (row,) = report["results"]
     assert row["num_envs"] == 4
-    systems = {"default", "same_step", "hand"} | ({"per_recv"} if "--per-recv" in mode else set())
+    extra = {"per_recv", "lean"} if "--per-recv" in mode else set()
+    systems = {"default", "same_step", "hand"} | extra
     assert set(row["median_steps_per_s"]) == systems
     if "--per-recv" in mode:
         med = row["median_steps_per_s"]
         assert row["ratios"]["per_recv/default"] == pytest.approx(med["per_recv"] / med["default"])
+        assert row["ratios"]["lean/hand"] == pytest.approx(med["lean"] / med["hand"])
     assert all(len(rates) == 2 and min(rates) > 0 for rates in row["rounds"].values())
     if "--bound" not in mode:
         assert "bound" not in row
@@ -461,6 +463,39 @@ def test_envpool_reset_steps_times_both_modes_and_the_hand_loop(tmp_path, mode):
         assert row["cpu"][name]["cpu_us_per_step"] > 0
         share = row["median_steps_per_s"][name] / row["bound"]["bound_steps_per_s"]
         assert row["share_of_bound"][name] == pytest.approx(share)
+
+
+def test_envpool_lean_bound_records_what_the_runner_records(monkeypatch):
+    """The ``--lean`` bound does a runner's work, not less: each env's slots it filled
+    hold the async runner's observations, actions, log-probs and valid flags for the same
+    seed (its rewards are staged per recv, one slot later), across episode ends."""
+    pytest.importorskip("envpool")
+    import jaxrunner as jr
+    from jaxrunner._src.bench.workloads import WORKLOADS
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the script's own imports
+    path = BENCHMARKS / "envpool_reset_steps.py"
+    spec = importlib.util.spec_from_file_location("envpool_reset_steps", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    work, length = WORKLOADS["cartpole"], 32
+    lean = script._LeanLoop(work, 8, length)
+    assert 0 < lean.rollout() <= 2 * length * 4
+    envs = jr.make_vec(work.envpool_id, 8, backend="envpool", batch_size=4)
+    policy = work.policy(envs.single_observation_space, envs.single_action_space)
+    params = policy.init(jax.random.key(script.SEED), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, length, seed=script.SEED, chunk_rows=4) as runner:
+        traj = runner.sample()
+    obs, action, log_prob, reward, _, _, invalid = lean.traj
+    assert invalid.any()  # episodes ended: reset slots compared too
+    assert lean.counts.sum() == 2 * length * 4 and lean.counts.min() > length // 2
+    for env, count in enumerate(lean.counts):
+        n = min(int(count), length)
+        np.testing.assert_array_equal(obs[:n, env], traj.obs[:n, env])
+        np.testing.assert_array_equal(action[:n, env], traj.action[:n, env])
+        np.testing.assert_array_equal(log_prob[:n, env], traj.extras["log_prob"][:n, env])
+        np.testing.assert_array_equal(~invalid[:n, env], traj.valid[:n, env])
+        np.testing.assert_array_equal(reward[1:n, env], traj.reward[: n - 1, env])
 
 
 def test_bench_counts_envpool_transitions_not_its_reset_slots():
