@@ -263,6 +263,22 @@ def test_restart_off_raises_promptly_with_the_original_chained():
     assert info.value.partial_trajectory.num_steps == FAILING_CALL - 1
 
 
+def test_sample_episodes_error_keeps_the_episodes_its_failed_sample_completed():
+    """3-step episodes, T=4, sub-env 1 raises at its 8th step: each env completed episodes
+    at steps 3 and 6, the second inside the failed sample; the error carries all four."""
+    cartpole = functools.partial(gymnasium.make, "CartPole-v1", max_episode_steps=3)
+    crash = {1: [FaultPlan(kind="raise", at=(8,))]}
+    envs = jr.make_vec(faulty_env_fns(cartpole, 2, faults=crash), num_envs=2)
+    policy = mlp_policy(envs.single_action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    runner = jr.EnvRunner(envs, policy, params, rollout_length=4, seed=0)
+    with runner, pytest.raises(EnvError, match="sub-env 1") as info:
+        runner.sample_episodes(20)
+    episodes = info.value.partial_episodes
+    assert sorted((e.env_id, e.length) for e in episodes) == [(0, 3), (0, 3), (1, 3), (1, 3)]
+    assert all(e.truncated and not e.faulty for e in episodes)
+
+
 def test_restart_off_invalid_step_still_raises_its_own_error():
     runner = make_runner(fns_with({0: [FaultPlan(kind="nan_reward", at=(2,))]}), restart=False)
     with runner, pytest.raises(InvalidStepError, match="non-finite reward"):

@@ -41,7 +41,12 @@ def sample_once(runner: Any, progress: bool = False) -> Any:
 def sampled_episodes(runner: Any, include_faulty: bool) -> list[Any]:
     """The episodes one more sample completes (seen from their first step; faulty ones
     with ``include_faulty``), in the order they started."""
-    done = runner.state.episodes.complete(sample_once(runner).split_episodes())  # in order
+    return completed(runner, sample_once(runner), include_faulty)
+
+
+def completed(runner: Any, traj: Any, include_faulty: bool) -> list[Any]:
+    """The episodes ``traj`` (the next steps sampled) completes, in the order they started."""
+    done = runner.state.episodes.complete(traj.split_episodes())
     return [e for e in done if include_faulty or not e.faulty]
 
 
@@ -56,7 +61,11 @@ def collect_episodes(
         while len(state.finished) < num_episodes:
             try:
                 done = sampled_episodes(runner, include_faulty)
-            except BaseException as err:  # the episodes completed so far go with it
+            except BaseException as err:  # the episodes completed so far go with it,
+                partial = getattr(err, "partial_trajectory", None)
+                if partial is not None:  # those the failed sample completed included
+                    state.finished.extend(completed(runner, partial, include_faulty))
+                    state.finished.sort(key=state.episodes.order)
                 attach_episodes(err, state.take_finished(len(state.finished)))
                 raise
             state.finished.extend(done)
