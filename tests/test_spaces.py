@@ -186,6 +186,13 @@ def test_non_finite_box_actions_are_refused_before_the_env_steps(value) -> None:
             envs.step(batch)
         _, reward, *_ = envs.step(np.zeros((3, 1), np.float32))
         assert np.isfinite(reward).all()  # no sub-env went on in a NaN state
+    # A runner clips for the env before the backend checks: an inf must not become a
+    # bound there while the trajectory records inf.
+    policy = jr.Policy(apply_fn=lambda p, o, c, k: (jnp.full((len(k), 1), value), {}, None))
+    with jr.make_vec("Pendulum-v1", 2) as envs:
+        runner = jr.EnvRunner(envs, policy, {}, rollout_length=2, seed=0)
+        with runner, pytest.raises(InvalidActionError, match="is not finite"):
+            runner.sample()
 
 
 def test_out_of_range_checks_reach_inside_dicts_and_large_batches() -> None:

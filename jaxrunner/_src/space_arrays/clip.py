@@ -36,7 +36,9 @@ def _clipper(space: spaces.Space, clip_box: Callable[[spaces.Box], Clip]) -> Cli
 
 def _numpy_box(space: spaces.Box) -> Clip:
     low, high = space.low, space.high
-    return lambda actions: np.clip(actions, low, high)
+    # An infinite action stays as it is, for the backend's check to refuse (clipped, it
+    # would reach the env as a bound while the trajectory recorded inf).
+    return lambda actions: actions if np.isinf(actions).any() else np.clip(actions, low, high)
 
 
 def _jax_box(space: spaces.Box) -> Clip:
