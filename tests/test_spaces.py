@@ -195,6 +195,27 @@ def test_non_finite_box_actions_are_refused_before_the_env_steps(value) -> None:
             runner.sample()
 
 
+def test_policy_action_spec_names_the_part_and_refuses_extra_keys() -> None:
+    space = spaces.Dict({"b": spaces.Box(-1, 1, (2,)), "t": spaces.Tuple([spaces.Discrete(3)])})
+    good = {"b": jax.ShapeDtypeStruct((4, 2), jnp.float32), "t": (np.zeros(4, np.int32),)}
+    space_arrays.check_policy_actions(space, good, 4)
+    with pytest.raises(
+        SpaceMismatchError, match=r"^policy actions: expected a dict with keys \['b', 't'\]"
+    ):
+        space_arrays.check_policy_actions(space, {**good, "zz": np.zeros(4)}, 4)  # not dropped
+    wrong = {**good, "b": np.zeros((4, 5), np.float32)}
+    with pytest.raises(
+        SpaceMismatchError, match=r"^policy actions\['b'\]: expected shape \(4, 2\)"
+    ):
+        space_arrays.check_policy_actions(space, wrong, 4)
+    with pytest.raises(
+        SpaceMismatchError, match=r"^policy actions\['t'\]\[0\]: expected shape \(4,\)"
+    ):
+        space_arrays.check_policy_actions(space, {**good, "t": (np.zeros(3, np.int32),)}, 4)
+    with pytest.raises(SpaceMismatchError, match=r"^policy actions\['t'\]: expected a tuple of 1"):
+        space_arrays.check_policy_actions(space, {**good, "t": (np.zeros(4),) * 2}, 4)
+
+
 def test_out_of_range_checks_reach_inside_dicts_and_large_batches() -> None:
     space = spaces.Dict({"move": spaces.Discrete(2), "aim": spaces.Box(-1, 1, (2,))})
     batch = {"move": np.zeros(100, np.int64), "aim": np.full((100, 2), 5.0, np.float32)}

@@ -13,39 +13,47 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src.space_arrays.buffers import LEAF_TYPES, allocate, leaf_spec, map_structure
+from jaxrunner._src.space_arrays.buffers import LEAF_TYPES, allocate, leaf_spec
 from jaxrunner._src.space_arrays.checks import _describe, mismatch
 from jaxrunner.errors import InvalidActionError
 
 
-def check_policy_actions(action_space: spaces.Space, spec: Any, num_envs: int) -> None:
+def check_policy_actions(
+    action_space: spaces.Space, spec: Any, num_envs: int, path: str = ""
+) -> None:
     """Checks a policy's action output (arrays or ``ShapeDtypeStruct`` leaves) for a
-    batch of ``num_envs`` against the action space, before any env is stepped."""
-    expected = allocate(action_space, (num_envs,))
-
-    def check(exp: np.ndarray, got: Any) -> None:
-        if tuple(got.shape) != exp.shape or not np.can_cast(got.dtype, exp.dtype, "safe"):
-            batched = tuple(got.shape) == (num_envs, *exp.shape)  # a row per env, of B actions
+    batch of ``num_envs`` against the action space, before any env is stepped; ``path``
+    names a nested part (``"['move']"``)."""
+    where, fix = f"policy actions{path}", "Check the policy's action head against the env."
+    if type(action_space) not in LEAF_TYPES and isinstance(action_space, spaces.Dict):
+        if not isinstance(spec, Mapping) or set(spec) != set(action_space.spaces):
+            keys = sorted(action_space.spaces)  # an extra key would vanish unsaid
+            raise mismatch(where, f"a dict with keys {keys} ({action_space})", spec, fix)
+        for key, sub in action_space.items():
+            check_policy_actions(sub, spec[key], num_envs, f"{path}[{key!r}]")
+        return
+    if type(action_space) not in LEAF_TYPES and isinstance(action_space, spaces.Tuple):
+        if not isinstance(spec, (tuple, list)) or len(spec) != len(action_space.spaces):
             raise mismatch(
-                "policy actions",
-                f"shape {exp.shape} (a batch of {num_envs} for the action space {action_space}) "
-                f"and a dtype safely castable to {exp.dtype}",
-                got,
-                "The policy looks built on the batched space: build it on the vector env's "
-                "envs.single_action_space, not envs.action_space."
-                if batched
-                else "Check the policy's action head against the env.",
+                where, f"a tuple of {len(action_space.spaces)} ({action_space})", spec, fix
             )
-
-    try:
-        map_structure(action_space, check, expected, spec)
-    except (KeyError, IndexError, TypeError, AttributeError) as err:
+        for j, sub in enumerate(action_space):
+            check_policy_actions(sub, spec[j], num_envs, f"{path}[{j}]")
+        return
+    exp = allocate(action_space, (num_envs,))
+    shape = getattr(spec, "shape", None)
+    if shape is None or tuple(shape) != exp.shape or not np.can_cast(spec.dtype, exp.dtype, "safe"):
+        batched = shape is not None and tuple(shape) == (num_envs, *exp.shape)  # B actions a row
         raise mismatch(
-            "policy actions",
-            f"the structure of the action space {action_space}",
+            where,
+            f"shape {exp.shape} (a batch of {num_envs} for the action space {action_space}) "
+            f"and a dtype safely castable to {exp.dtype}",
             spec,
-            "Check the policy's action head against the env.",
-        ) from err
+            "The policy looks built on the batched space: build it on the vector env's "
+            "envs.single_action_space, not envs.action_space."
+            if batched
+            else fix,
+        )
 
 
 ACTION_KINDS = {"i": "iu", "u": "iu", "f": "f"}
