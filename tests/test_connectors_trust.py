@@ -311,6 +311,12 @@ def test_prime_makes_the_first_sample_normalized():
     np.testing.assert_allclose(stats.mean, seen.mean(0), rtol=1e-5, atol=1e-6)
     with pytest.raises(InvalidArgumentError, match="Nothing to prime"):
         C.Connectors(obs=[C.FrameStack()]).prime(C.ConnectorsState(), primer)
+    state = conn.init(2, jr.make_vec(short_cartpole, 1).single_observation_space)
+    for wrong in (primer[0], primer[:, :3], primer[None]):  # no batch axis, a wrong shape
+        with pytest.raises(InvalidArgumentError, match=r"expected N observations of shape \(4,\)"):
+            conn.prime(state, wrong)
+    with pytest.raises(InvalidArgumentError, match="structured as the observation space"):
+        conn.prime(state, {"x": primer})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import jax
@@ -127,6 +127,27 @@ class NormalizeObservation(ObsConnector):
     def prime(self, state: ConnectorState, obs: Any) -> ConnectorState:
         """``state`` with the observations ``obs`` (``[N, ...]`` env observations, e.g.
         from a few random steps) merged into the statistics, frozen or not."""
+
+        def check(running: RunningMoments | None, leaf: Any) -> None:
+            shape = None if running is None else tuple(running.stats.mean.shape)
+            if isinstance(leaf, Mapping):  # a dict where the statistics hold one array
+                raise ValueError(f"a dict where the space has an array of shape {shape}")
+            if shape is not None and (not np.ndim(leaf) or np.shape(leaf)[1:] != shape):
+                raise InvalidArgumentError(
+                    f"NormalizeObservation.prime(obs=...): expected N observations of shape "
+                    f"{shape} stacked on a first axis, got shape {np.shape(leaf)}; pass env "
+                    "observations as [N, ...] (one observation: obs[None])."
+                )
+
+        try:
+            jax.tree.map(check, state.shared, obs, is_leaf=_is_stats)
+        except ValueError as err:  # another structure than the statistics'
+            if isinstance(err, InvalidArgumentError):
+                raise
+            raise InvalidArgumentError(
+                "NormalizeObservation.prime(obs=...): expected observations structured as the "
+                f"observation space (as the statistics are): {err}"
+            ) from None
         return self._take_in(state, obs, 1, None, force=True)
 
     def _take_in(
