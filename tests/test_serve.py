@@ -162,6 +162,8 @@ def test_bad_requests_get_4xx_with_a_clear_error_and_change_nothing(served):
     obs, _ = cartpole.reset(seed=5)
     eid = client.start_episode()
     ended = client.start_episode()
+    with pytest.raises(errors.InvalidArgumentTypeError, match=r"truncated='False'\): expected"):
+        client.end_episode(ended, obs, truncated="False")  # as the env in process: no bool()
     client.end_episode(ended, obs)
     fresh = client.start_episode()  # no action yet
     action = client.get_action(eid, obs)

@@ -137,6 +137,9 @@ def test_bad_requests_get_the_error_format_and_lose_nothing(served):
             client.get_action(eid, {"a0": obs2["a0"]})
         with pytest.raises(errors.InvalidArgumentError, match="acted"):  # 422, as the env's
             client.end_episode(eid, {})
+        for end in (client.end_agents, client.end_episode):  # as the env in process: no bool()
+            with pytest.raises(errors.InvalidArgumentTypeError, match=r"truncated='False'\)"):
+                end(eid, {"a1": obs2["a1"]}, truncated="False")
         client.end_episode(eid, {"a1": obs2["a1"]}, truncated=True)
         episodes = {e.agent_id: e for e in env.poll_episodes()}
     assert {a: e.length for a, e in episodes.items()} == {"a0": 1, "a1": 1}

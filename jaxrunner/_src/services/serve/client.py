@@ -14,7 +14,7 @@ from gymnasium import spaces
 
 import jaxrunner._src.services.external.checks as checks
 import jaxrunner.errors as errors
-from jaxrunner._src.arg_checks import check_config, check_int
+from jaxrunner._src.arg_checks import check_bool, check_config, check_int
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.services.external import ExternalEnvConfig
 from jaxrunner._src.services.serve import wire
@@ -174,10 +174,11 @@ class PolicyClient(ClientCore):
             ReportError: the report failed part way; the error holds the episode and
                 says how much of it the server has.
         """
+        check_bool("end_episode", "truncated", truncated)  # as the env in process checks it
         obs = check_value(self.observation_space, obs, "obs")
         encoded_obs = wire.encode_tree(self.observation_space, obs)
         if self._local is None:
-            body = {"obs": encoded_obs, "truncated": bool(truncated)}
+            body = {"obs": encoded_obs, "truncated": truncated}
             self._call("POST", f"/v1/episodes/{episode_id}/end", body)
             return
         self._local.end_episode(episode_id, obs, truncated=truncated)
@@ -189,7 +190,7 @@ class PolicyClient(ClientCore):
             self.report_chunk_steps,
             self.report_chunk_bytes,
         )
-        report.send(episode_id, episode, encoded_obs, bool(truncated))
+        report.send(episode_id, episode, encoded_obs, truncated)
 
     def close(self) -> None:
         self._stop.set()
@@ -301,13 +302,15 @@ class MultiAgentPolicyClient(ClientCore):
     def end_agents(self, episode_id: int, obs: dict[str, Any], *, truncated: bool = False) -> None:
         """Ends the agents of ``obs`` (``{agent_id: final_obs}``) while the episode
         goes on."""
-        body = {"obs": self._encode_agents(obs, "end_agents", "obs"), "truncated": bool(truncated)}
+        check_bool("end_agents", "truncated", truncated)
+        body = {"obs": self._encode_agents(obs, "end_agents", "obs"), "truncated": truncated}
         self._call("POST", f"/v1/episodes/{episode_id}/end_agents", body)
 
     def end_episode(self, episode_id: int, obs: dict[str, Any], *, truncated: bool = False) -> None:
         """Ends the episode; ``obs`` holds the final observation of every agent that
         acted and has not ended."""
-        body = {"obs": self._encode_agents(obs, "end_episode", "obs"), "truncated": bool(truncated)}
+        check_bool("end_episode", "truncated", truncated)
+        body = {"obs": self._encode_agents(obs, "end_episode", "obs"), "truncated": truncated}
         self._call("POST", f"/v1/episodes/{episode_id}/end", body)
 
     def _encode_agents(
