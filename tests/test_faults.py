@@ -240,6 +240,15 @@ def test_sample_episodes_skips_faulty_episodes_unless_asked():
         assert faulty and all(e.truncated and e.length == 1 for e in faulty)
 
 
+def test_faulty_episodes_kept_by_an_including_call_are_skipped_by_a_default_one():
+    fault = FaultPlan(kind="raise", at=(2, 9))
+    with make_runner(fns_with({0: [fault], 1: [fault]})) as runner:
+        first = runner.sample_episodes(1, include_faulty=True)  # one sample: more are kept
+        assert any(e.faulty for e in runner.state.finished)  # (the bug's precondition)
+        later = runner.sample_episodes(6)
+    assert len(first) == 1 and len(later) == 6 and not any(e.faulty for e in later)
+
+
 def test_callbacks_see_the_faulty_episode_end():
     ended = []
 

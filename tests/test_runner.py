@@ -556,6 +556,22 @@ def test_sample_episodes_complete_and_nothing_lost(cartpole_runner):
         assert e.terminated or e.length == 20
 
 
+def test_a_refused_sample_forgets_none_of_the_episodes_sample_episodes_assembles(
+    cartpole_runner,
+):
+    """sample() called from a callback is refused; it used to drop the episodes under way
+    before refusing, so sample_episodes skipped them."""
+
+    class Meddle(jr.Callbacks):
+        def on_episode_end(self, runner, env_index, episode):
+            with pytest.raises(InvalidArgumentError, match=r"called while sample\(\) runs"):
+                runner.sample()
+
+    plain = cartpole_runner(num_envs=2, rollout_length=16, seed=0).sample_episodes(8)
+    meddled = cartpole_runner(num_envs=2, rollout_length=16, seed=0, callbacks=Meddle())
+    assert [e.episode_id for e in meddled.sample_episodes(8)] == [e.episode_id for e in plain]
+
+
 @pytest.mark.parametrize("rollout_length", [3, 7])
 def test_sample_episodes_after_plain_samples_returns_only_what_the_env_did(
     cartpole_runner, rollout_length, tmp_path

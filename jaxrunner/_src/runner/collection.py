@@ -56,6 +56,8 @@ def collect_episodes(
     """The loop of ``EnvRunner.sample_episodes`` (its arguments checked): samples until
     ``num_episodes`` complete episodes are available; those beyond stay in the state."""
     state = runner.state
+    if not include_faulty:  # kept by a call that included them: skipped now, as they came
+        state.finished[:] = [e for e in state.finished if not e.faulty]
     with Progress(num_episodes, enabled=progress, desc=name, unit="episode") as bar:
         bar.update(len(state.finished))
         while len(state.finished) < num_episodes:

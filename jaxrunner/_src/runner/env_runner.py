@@ -168,6 +168,7 @@ class EnvRunner:
         are dropped. With ``progress``, a progress bar counts the env steps (tqdm where
         it is installed, else a line on stderr)."""
         check_bool("EnvRunner.sample", "progress", progress)
+        self._ownership.check_usable("sample")  # a refused call forgets nothing
         self.state.episodes.forget()
         return sample_once(self, progress)
 
