@@ -191,6 +191,16 @@ def test_recurrent_carry_is_per_episode():
     assert got == [0, 1, 0, 0, 0]
 
 
+def test_a_returned_carry_of_another_dtype_is_refused_not_cast():
+    def apply_fn(params, obs, carry, keys):
+        return jnp.zeros(obs.shape[0], jnp.int32), {}, carry.astype(jnp.float32)
+
+    policy = jr.Policy(apply_fn, initial_carry=jnp.int32(0))
+    match = r"returned carry .*: expected int32\[1\], got float32\[1\]"
+    with pytest.raises(errors.InvalidArgumentError, match=match):
+        jr.ExternalEnv(OBS_SPACE, ACTION_SPACE, policy, {}).close()
+
+
 @pytest.mark.parametrize("recurrent", [False, True])
 def test_log_steps_past_max_episode_steps_records_none_of_them(recurrent):
     """Checked whole before anything is recorded, recurrent policies (a policy call per

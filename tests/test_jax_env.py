@@ -551,3 +551,16 @@ def test_recurrent_carry_restarts_with_each_episode():
         traj = jr.concatenate([runner.sample().to_numpy() for _ in range(2)])
     assert traj.done.sum() >= 4
     np.testing.assert_array_equal(traj.extras["count"], traj.step)
+
+
+def test_extras_without_a_row_per_env_are_refused_as_on_the_host():
+    """As the host samplers' check: every output leaf has one row per observation."""
+
+    def apply_fn(params, obs, carry, keys):
+        extras = {"x": jnp.zeros(keys.shape[0] + 1)}
+        return jnp.zeros(keys.shape[0], jnp.int32), extras, carry
+
+    venv = jr.JaxVectorEnv(RandomWalk(), num_envs=2)
+    match = r"every output leaf must have one row per observation \(\[2, \.\.\.\] for 2 rows\)"
+    with venv, pytest.raises(InvalidArgumentError, match=match + r", got shape \(3,\)"):
+        jr.EnvRunner(venv, jr.Policy(apply_fn), {}, 3, 0).sample()

@@ -279,6 +279,42 @@ def test_a_policy_whose_outputs_or_code_are_wrong_is_named_not_its_params():
         assert "could not be applied to these params" not in str(caught.value)
 
 
+@pytest.mark.parametrize("backend", ["sync", "jax"])
+@pytest.mark.parametrize(
+    ("initial", "returned", "expected", "got"),
+    [
+        (
+            jnp.zeros(2),
+            lambda c: jnp.zeros((c.shape[0], 3)),
+            r"float32\[\d+, 2\]",
+            r"float32\[\d+, 3\]",
+        ),
+        (jnp.zeros(2), lambda c: c.astype(jnp.int32), r"float32\[\d+, 2\]", r"int32\[\d+, 2\]"),
+        (jnp.zeros(2), lambda c: None, r"float32\[\d+, 2\]", "None"),
+        (jnp.zeros(2), lambda c: {"h": c}, r"float32\[\d+, 2\]", r"\{'h': float32\[\d+, 2\]\}"),
+        (None, lambda c: jnp.zeros(2), "None", r"float32\[\d+\]"),
+    ],
+    ids=["shape", "dtype", "none", "structure", "feed_forward"],
+)
+def test_a_returned_carry_unlike_the_one_given_is_named_on_every_backend(
+    backend, initial, returned, expected, got
+):
+    """The carry the policy returns is kept for its next step: its structure, shapes and
+    dtypes must be those it was given (raw JAX errors, or a silent cast, before)."""
+
+    def apply_fn(params, obs, carry, keys):
+        return jnp.zeros(keys.shape[0], jnp.int32), {}, returned(carry)
+
+    if backend == "sync":
+        envs = jr.make_vec("CartPole-v1", 2)
+    else:
+        envs = jr.JaxVectorEnv(jr.testing.RandomWalk(), num_envs=2)
+    policy = jr.Policy(apply_fn, initial_carry=initial)
+    match = rf"policy apply_fn: .*carry.* expected {expected}, got {got}\. Return "
+    with envs, pytest.raises(InvalidArgumentError, match=match):
+        jr.EnvRunner(envs, policy, {}, 4, 0).sample()
+
+
 def test_set_params_rejects_other_shapes(cartpole_runner):
     runner = cartpole_runner()
     params = runner.get_params()

@@ -160,7 +160,7 @@ def chunked_apply(
             check_rows(keys)
             inputs = jax.lax.optimization_barrier((params, obs, carry, keys))
             outputs = apply_fn(*inputs)
-            _check_output_rows(outputs, chunk_rows)
+            check_output_rows(outputs, chunk_rows)
             return jax.lax.optimization_barrier(outputs)
 
         return whole
@@ -180,7 +180,7 @@ def chunked_apply(
             return converted(start, *consts)
 
         spec = jax.eval_shape(one_chunk, jnp.int32(0))
-        _check_output_rows(spec, chunk_rows)
+        check_output_rows(spec, chunk_rows)
         outputs = jax.tree.map(lambda s: jnp.zeros((rows, *s.shape[1:]), s.dtype), spec)
         num_chunks = (jnp.asarray(num_rows, jnp.int32) + chunk_rows - 1) // chunk_rows
 
@@ -199,7 +199,7 @@ def chunked_apply(
     return apply
 
 
-def _check_output_rows(outputs: Any, chunk_rows: int) -> None:
+def check_output_rows(outputs: Any, chunk_rows: int) -> None:
     """Refuses a policy output leaf without one row per observation of a chunk."""
     for leaf in jax.tree.leaves(outputs):
         if leaf.ndim == 0 or leaf.shape[0] != chunk_rows:

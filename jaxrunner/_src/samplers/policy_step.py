@@ -17,10 +17,14 @@ from jaxrunner._src.connectors.pipeline import POLICY_OBS, Connectors, Connector
 from jaxrunner._src.connectors.state_packing import StatePacking
 from jaxrunner._src.connectors.state_rows import keep_active, put_rows, take_rows
 from jaxrunner._src.core.policy import ApplyFn, Params, Policy
-from jaxrunner._src.samplers.batch_invariance import chunked_apply, padded_rows
+from jaxrunner._src.samplers.batch_invariance import (
+    check_output_rows,
+    chunked_apply,
+    padded_rows,
+)
 from jaxrunner._src.samplers.kept_programs import avals, jax_settings, kept_for, packing_layout
 from jaxrunner._src.samplers.transfer import compile_packed
-from jaxrunner.errors import InvalidArgumentTypeError
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 # Transfer guard levels under which a transfer needs no "allow" scope (None: unset, allows),
 # and the guards' options (.value: the level in force in this thread).
@@ -117,7 +121,8 @@ def act(
     carry = jax.tree.map(restart, state.carry, state.initial_carry)
     env_keys = keys.wrap(state.env_keys)
     step_keys = jax.vmap(jax.random.fold_in)(env_keys, state.env_steps)
-    action, extras, carry = apply_output(apply_fn(params, obs, carry, step_keys))
+    out = apply_fn(params, obs, carry, step_keys)
+    action, extras, carry = apply_output(out, carry, episode_start.shape[0])
     env_action = action
     if connectors is not None:
         if connectors.obs:
@@ -134,9 +139,10 @@ def act(
     return action, env_action, extras, new_state
 
 
-def apply_output(out: Any) -> tuple[Any, dict[str, Any], Any]:
-    """A policy's ``apply_fn`` output, checked while it is traced: ``(action, extras,
-    carry)`` with ``extras`` a dict."""
+def apply_output(out: Any, carry: Any, rows: int) -> tuple[Any, dict[str, Any], Any]:
+    """A policy's ``apply_fn`` output for ``rows`` observations and ``carry``, checked
+    while it is traced: ``(action, extras, carry)`` with ``extras`` a dict, one row per
+    observation in every leaf, and a carry like ``carry`` (:func:`check_carry`)."""
     if not (isinstance(out, tuple) and len(out) == 3 and isinstance(out[1], Mapping)):
         got = f"a tuple of {len(out)}" if isinstance(out, tuple) else f"a {type(out).__name__}"
         if isinstance(out, tuple) and len(out) == 3:
@@ -146,7 +152,46 @@ def apply_output(out: Any) -> tuple[Any, dict[str, Any], Any]:
             f"policy apply_fn: expected it to return (action, extras, carry), extras a dict "
             f"of [B, ...] arrays ({{}} for none, e.g. {{'log_prob': ...}}); got {got}."
         )
+    check_output_rows(out, rows)
+    check_carry(out[2], carry)
     return out
+
+
+class _Leaf(str):
+    """A leaf's description, shown without quotes in its tree's repr."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _carry_spec(carry: Any) -> Any:
+    """``carry`` with each leaf described as ``dtype[shape]`` (e.g. ``float32[4, 2]``)."""
+
+    def describe(x: Any) -> _Leaf:
+        return _Leaf(f"{getattr(x, 'dtype', type(x).__name__)}{list(np.shape(x))}")
+
+    return jax.tree.map(describe, carry)
+
+
+def check_carry(new: Any, given: Any) -> None:
+    """Refuses, while tracing, a returned carry ``new`` whose structure, shapes or dtypes
+    are not those of the carry ``given`` to the policy: the state keeps it for the next
+    step (a mismatch failed in JAX's code, or was cast silently)."""
+    expected, got = _carry_spec(given), _carry_spec(new)
+    if jax.tree.flatten(got) == jax.tree.flatten(expected):
+        return
+    if given is None:
+        fix = "Return None as a feed-forward policy's carry, or set Policy(initial_carry=...)."
+    else:
+        fix = (
+            "Return a carry of initial_carry's structure, shapes and dtypes, one row per "
+            "observation (cast a leaf with .astype(carry.dtype) where its dtype changed)."
+        )
+    raise InvalidArgumentError(
+        f"policy apply_fn: the returned carry is the next step's, so it must have the "
+        f"structure, shapes and dtypes of the carry it was given: expected {expected!r}, "
+        f"got {got!r}. " + fix
+    )
 
 
 def _rows_mask(flags: jax.Array, like: jax.Array) -> jax.Array:

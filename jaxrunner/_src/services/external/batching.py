@@ -288,7 +288,8 @@ class PolicyBatcher:
                 return jax.random.fold_in(jax.random.fold_in(key, lo), t)
 
             row_keys = jax.vmap(key_of)(id_hi, id_lo, steps)
-            action, extras, new_carry = apply_output(apply(params, obs, carry, row_keys, count))
+            out = apply(params, obs, carry, row_keys, count)
+            action, extras, new_carry = apply_output(out, carry, size)
 
             def choose(sampled: jax.Array, taken: jax.Array) -> jax.Array:
                 mask = logged.reshape(-1, *([1] * (sampled.ndim - 1)))

@@ -57,7 +57,7 @@ def estimate_step_nbytes(
     """What one step of ``policy`` costs before any was recorded, its extras traced
     abstractly (nothing compiled)."""
     args = one_row_args(policy, params, observation_space)
-    _, extras, _ = apply_output(jax.eval_shape(policy.apply_fn, *args))
+    _, extras, _ = apply_output(jax.eval_shape(policy.apply_fn, *args), args[2], 1)
     row_extras = {k: np.zeros(v.shape[1:], v.dtype) for k, v in dict(extras).items()}
     return step_nbytes(observation_space.sample(), action_space.sample(), row_extras)
 
