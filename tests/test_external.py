@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -227,6 +228,10 @@ def test_sample_episodes_refuses_more_than_are_ever_held():
     refused = pytest.raises(errors.InvalidArgumentError, match=r"in \[1, 2\] \(no more are held")
     with make_external(max_output_episodes=2) as env, refused:
         env.sample_episodes(3, timeout_s=0.1)  # (without the check: a timeout)
+    with make_external() as env:  # a NaN wait spun a core forever, a negative one timed out
+        for bad in (-1, float("nan"), "1"):
+            with pytest.raises(errors.InvalidArgumentError, match=r"sample_episodes\(timeout_s="):
+                env.sample_episodes(1, timeout_s=bad)
 
 
 def test_caps_and_ids():
@@ -369,6 +374,11 @@ def test_config_is_checked():
     ):
         with pytest.raises(errors.InvalidArgumentError, match="ExternalEnvConfig"):
             jr.ExternalEnvConfig(**bad)
+    for max_batch in (1, 4, 64):  # the refusal's example is itself accepted
+        with pytest.raises(errors.InvalidArgumentError, match=r"e\.g\. (\(.*\))\.$") as info:
+            jr.ExternalEnvConfig(max_batch=max_batch, buckets=(max_batch + 1,))
+        example = eval(re.search(r"e\.g\. (\(.*\))\.$", str(info.value)).group(1))
+        jr.ExternalEnvConfig(max_batch=max_batch, buckets=example)
     policy = mlp_policy(ACTION_SPACE, hidden=(4,))
     params = policy.init(jax.random.key(0), OBS_SPACE)
     with pytest.raises(errors.InvalidArgumentTypeError, match=r"^ExternalEnv\(config=\.\.\.\)"):
@@ -523,3 +533,9 @@ def test_params_none_is_refused_with_the_fix():
         errors.InvalidArgumentError, match=r"ExternalEnv\(params=None\): .*policy.init"
     ):
         jr.ExternalEnv(OBS_SPACE, ACTION_SPACE, mlp_policy(ACTION_SPACE), None)
+    with pytest.raises(  # params of another structure: a raw KeyError from the first trace
+        errors.InvalidArgumentError,
+        match=r"^ExternalEnv\(params=\.\.\.\): the policy could not be applied .*KeyError.*"
+        r"policy.init\(jax.random.key\(0\), observation_space\)",
+    ):
+        jr.ExternalEnv(OBS_SPACE, ACTION_SPACE, mlp_policy(ACTION_SPACE), {"x": 1})

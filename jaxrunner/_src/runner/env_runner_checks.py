@@ -234,10 +234,12 @@ def params_error(
     params: Mapping[str, Params],
     groups: Any,
     connectors: Mapping[str, Any],
+    where: str = "EnvRunner",
+    space_name: str = "envs.single_observation_space",
 ) -> InvalidArgumentError | None:
-    """What to raise instead of ``err``, raised while building the sampler, where the
-    params are to blame; None to raise ``err`` itself. ``connectors``: by policy id,
-    those of the policies with some (they change what the policy sees)."""
+    """What to raise instead of ``err``, raised while building ``where``'s policy step,
+    where the params are to blame; None to raise ``err`` itself. ``connectors``: by
+    policy id, those of the policies with some (they change what the policy sees)."""
     # Tracing the policy with params of the wrong structure fails deep in its code.
     wrong_params = isinstance(err, KeyError | TypeError | AttributeError | flax.errors.FlaxError)
     # A tracer turned into a bool or an int is the policy's own code (Python control flow
@@ -246,7 +248,7 @@ def params_error(
         return None
     for g in groups:  # each group's policy traced abstractly on one row of its params
         policy, seen = policies[g.policy_id], g.observation_space
-        init = "envs.single_observation_space"
+        init = space_name
         if g.policy_id in connectors:  # what the policy sees: the connectors' output
             seen = connectors[g.policy_id].observation_space(seen)
             init = f"connectors.observation_space({init})"
@@ -255,13 +257,13 @@ def params_error(
         except Exception:
             shape = "" if seen.shape is None else f" of shape {seen.shape}"
             return InvalidArgumentError(
-                f"EnvRunner(params=...): the policy could not be applied to these params on "
+                f"{where}(params=...): the policy could not be applied to these params on "
                 f"the observations it sees ({type(seen).__name__}{shape}; "
                 f"{type(err).__name__}: {err}). Pass params initialised on those: "
                 f"policy.init(jax.random.key(0), {init})."
             )
     err.add_note(
-        "EnvRunner: the policy applies to these params; this came from building "
+        f"{where}: the policy applies to these params; this came from building "
         "the rest of the step (a pure-JAX env's functions and its env params?)."
     )
     return None

@@ -67,7 +67,8 @@ class ExternalEnvConfig:
                 or sizes != sorted(set(sizes))
                 or sizes[-1] != self.max_batch
             ):
+                example = (*(b for b in (1, 8) if b < self.max_batch), self.max_batch)
                 raise InvalidArgumentError(
                     f"ExternalEnvConfig(buckets={self.buckets!r}): expected increasing ints >= 1 "
-                    f"ending with max_batch={self.max_batch}, e.g. (1, 8, {self.max_batch})."
+                    f"ending with max_batch={self.max_batch}, e.g. {example}."
                 )

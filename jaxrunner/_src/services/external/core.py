@@ -14,11 +14,12 @@ import jax
 import numpy as np
 
 import jaxrunner._src.services.external.checks as checks
-from jaxrunner._src.arg_checks import check_bool, check_config, check_int
+from jaxrunner._src.arg_checks import check_bool, check_config, check_int, check_number
 from jaxrunner._src.core.agent_groups import AgentGroup, GroupedAgents
 from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.core.metrics import EpisodeStats
 from jaxrunner._src.core.policy import Params, Policy
+from jaxrunner._src.runner.env_runner_checks import params_error
 from jaxrunner._src.services.external.batching import PolicyBatcher, Row
 from jaxrunner._src.services.external.config import ExternalEnvConfig
 from jaxrunner._src.services.external.delivery import ActionDelivery, Parts
@@ -56,12 +57,19 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
         self._group_of: dict[str, AgentGroup] = {a: g for g in self.groups for a in g.agents}
         self._lock = threading.Lock()
         self._episodes = EpisodeTable(config.max_concurrent, config.max_episodes_per_client)
-        step_nbytes = (
-            estimate_step_nbytes(
-                policies[g.policy_id], params[g.policy_id], g.observation_space, g.action_space
-            )
-            for g in self.groups
-        )
+        try:  # the policies' first trace: params of another structure fail in it
+            step_nbytes = [
+                estimate_step_nbytes(
+                    policies[g.policy_id], params[g.policy_id], g.observation_space, g.action_space
+                )
+                for g in self.groups
+            ]
+        except Exception as err:
+            name, space = type(self).__name__, "observation_space"
+            instead = params_error(err, policies, params, self.groups, {}, name, space)
+            if instead is None:
+                raise
+            raise instead from err
         self._initial_carry = {pid: _row_carry(p) for pid, p in policies.items()}
         record_nbytes = AGENT_RECORD_BYTES + max(map(tree_nbytes, self._initial_carry.values()))
         self._memory = MemoryBudget(config.max_memory_bytes, max(step_nbytes), record_nbytes)
@@ -169,6 +177,8 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
             high=self.config.max_output_episodes,
             hint="no more are held: raise ExternalEnvConfig.max_output_episodes",
         )
+        where = f"{type(self).__name__}.sample_episodes"
+        check_number(where, "timeout_s", timeout_s, hint="seconds", none="to wait forever")
         return self._output.take(num_episodes, timeout_s)
 
     def retract_action(self, episode_id: int, future: concurrent.futures.Future) -> bool:
