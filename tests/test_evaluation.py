@@ -124,6 +124,9 @@ def test_bad_num_episodes(setup) -> None:
         jr.evaluate(envs, policy, params, num_episodes=0)
     with pytest.raises(TypeError, match=r"evaluate\(deterministic='no'\)"):  # ran greedy
         jr.evaluate(envs, policy, params, num_episodes=1, deterministic="no")
+    for name, bad in (("rollout_length", True), ("seed", -1)):  # evaluate's, named so
+        with pytest.raises(InvalidArgumentError, match=rf"^evaluate\({name}={bad}\): expected"):
+            jr.evaluate(envs, policy, params, num_episodes=1, **{name: bad})
     # The runner's own checks of policy and params, noted as evaluate()'s.
     with pytest.raises(jr.errors.InvalidArgumentError, match="could not be applied") as raised:
         jr.evaluate(envs, policy, {"w": np.zeros(3)}, num_episodes=1)

@@ -377,6 +377,8 @@ def test_token_file_is_private_and_checked(served, tmp_path):
         PolicyServer(env, token_file=path)
     with pytest.raises(errors.InvalidArgumentError, match="is a folder; give a file's path"):
         PolicyClient(first.url, token_file=tmp_path)  # IsADirectoryError before
+    with pytest.raises(errors.InvalidArgumentError, match="does not exist; pass the file"):
+        PolicyClient(first.url, token_file=tmp_path / "missing")  # FileNotFoundError before
     with pytest.raises(errors.InvalidArgumentError, match="loopback"):
         ServerConfig(host="0.0.0.0", require_token=False)
     assert ServerConfig().host == "127.0.0.1"

@@ -18,6 +18,7 @@ from jaxrunner._src.connectors.per_group import GroupConnectors
 from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
 from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.core.policy import Params, Policy
+from jaxrunner._src.core.seeds import MAX_SEED
 from jaxrunner._src.runner.collection import sampled_episodes
 from jaxrunner._src.runner.env_runner import EnvRunner
 from jaxrunner.errors import EvaluationIncompleteError, InvalidArgumentError, JaxRunnerError
@@ -140,6 +141,8 @@ def evaluate(
     """
     check_int("evaluate", "num_episodes", num_episodes)
     check_int("evaluate", "max_env_steps", max_env_steps, none="for no limit")
+    check_int("evaluate", "rollout_length", rollout_length)
+    check_int("evaluate", "seed", seed, low=0, high=MAX_SEED)
     if connectors is None and connector_state is not None:
         raise InvalidArgumentError(
             "evaluate(connector_state=...): no connectors to take it; pass "

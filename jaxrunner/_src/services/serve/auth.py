@@ -49,7 +49,13 @@ def load_or_create_token(path: str | os.PathLike[str]) -> str:
 
 def read_token(path: str | os.PathLike[str]) -> str:
     """The token in an existing token file (for clients)."""
-    token = _not_a_folder(path).read_text().strip()
+    file = _not_a_folder(path)
+    if not file.exists():
+        raise InvalidArgumentError(
+            f"token file {path} does not exist; pass the file the server wrote (its "
+            "token_file, printed when `jaxrunner serve` starts) or token=server.token."
+        )
+    token = file.read_text().strip()
     if not token:
         raise InvalidArgumentError(f"token file {path} is empty.")
     return token
