@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import pathlib
+import signal
 import time
 from contextlib import closing
 from typing import Any
@@ -248,6 +249,31 @@ def test_restart_off_a_dead_or_hung_worker_raises_promptly(kind):
     assert info.value.partial_trajectory.num_steps == 2
     with pytest.raises(ClosedError, match="worker 1"):
         envs.step(np.zeros(NUM_ENVS, np.int64))
+
+
+def test_a_worker_killed_between_steps_keeps_every_recorded_step_in_the_partial():
+    """Killed after its reply, the worker fails the next step's send: the step every env
+    had recorded was left out of err.partial_trajectory (counted only after the sends)."""
+
+    class Kill(jr.Callbacks):
+        def on_episode_step(self, runner, env_index, episode):
+            steps[env_index] = steps.get(env_index, 0) + 1
+            if env_index == NUM_ENVS - 1 and steps[env_index] == 3:  # the last env's 3rd step
+                os.kill(runner.envs.worker_pids[1], signal.SIGKILL)
+                time.sleep(0.3)  # dead before the next send
+
+    steps: dict[int, int] = {}
+    envs = process(fns_with({}), restart_policy=None, step_timeout_s=10)
+    runner = make_runner(envs, callbacks=Kill())
+    with runner, pytest.raises(WorkerError, match="worker 1") as info:
+        runner.sample()
+    assert set(steps.values()) == {3}  # every env recorded 3 steps
+    partial = info.value.partial_trajectory
+    assert partial.num_steps == 3
+    with make_runner(jr.make_vec(fns_with({}), NUM_ENVS)) as sync:
+        reference = sync.sample()
+    np.testing.assert_array_equal(partial.obs, reference.obs[:3])
+    np.testing.assert_array_equal(partial.action, reference.action[:3])
 
 
 @pytest.mark.parametrize("ready_first", [False, True])
