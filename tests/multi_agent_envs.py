@@ -156,6 +156,7 @@ class BadOutputs(ComingAndGoing):
     * ``nan_newcomer_obs``: at step 2, the observation of ``a2`` (arriving) holds a NaN;
     * ``missing_reward``: at step 4, no reward for ``a1``, who acted;
     * ``comeback``: at step 4, ``a0`` (terminated at step 3) is back;
+    * ``missing_flags``: at step 4, no termination flag for ``a1``, who acted;
     * ``nan_first_obs``: the first reset gives ``a0`` a NaN observation;
     * ``nan_reset_obs``: the reset after the first episode ends does.
     """
@@ -165,6 +166,7 @@ class BadOutputs(ComingAndGoing):
         "nan_newcomer_obs": 2,
         "missing_reward": 4,
         "comeback": 4,
+        "missing_flags": 4,
     }
 
     def __init__(self, kind: str, arm_seed: int) -> None:
@@ -192,8 +194,36 @@ class BadOutputs(ComingAndGoing):
             obs["a2"] = np.array([np.inf, 2, 0], np.float32)
         elif self.kind == "missing_reward":
             del rewards["a1"]
+        elif self.kind == "missing_flags":  # (read as False, a1 would act on)
+            del terms["a1"]
         else:  # comeback
             self.agents.append("a0")
             obs["a0"], infos["a0"] = self._obs("a0"), {}
             terms["a0"] = truncs["a0"] = False
         return obs, rewards, terms, truncs, infos
+
+
+class UnlistedOutputs(Relay):
+    """:class:`Relay` whose step 2 leaves one output of PettingZoo's AEC API malformed
+    (``kind``): ``selection`` an undeclared agent selected, ``rewards`` or ``infos`` not
+    a dict, ``flags`` the selected agent's termination flag gone, ``reward`` a reward
+    for an undeclared agent."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+
+    def step(self, action):
+        super().step(action)
+        if self.t != 2:
+            return
+        if self.kind == "selection":
+            self.agent_selection = "zz"
+        elif self.kind == "rewards":
+            self.rewards = None
+        elif self.kind == "infos":
+            self.infos = None
+        elif self.kind == "flags":
+            del self.terminations[self.agent_selection]
+        else:  # reward
+            self.rewards["zz"] = 1.0

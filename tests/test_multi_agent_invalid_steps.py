@@ -15,9 +15,9 @@ pytest.importorskip("pettingzoo")
 
 import jaxrunner as jr
 from jaxrunner._src.backends.steps import FIELDS
-from jaxrunner.errors import InvalidStepError
+from jaxrunner.errors import EnvError, InvalidStepError
 from jaxrunner.testing import coming_and_going
-from tests.multi_agent_envs import BadOutputs, tictactoe_with_infos
+from tests.multi_agent_envs import BadOutputs, UnlistedOutputs, tictactoe_with_infos
 from tests.test_multi_agent import random_policy, zero_params
 from tests.test_multi_agent_faults import (  # noqa: F401  (ray_for_the_ray_backend: a fixture)
     AT,
@@ -148,6 +148,7 @@ AGENT_OF = {
     "nan_newcomer_obs": "a2",
     "missing_reward": "a1",
     "comeback": "a0",
+    "missing_flags": "a1",
     "nan_first_obs": "a0",
     "nan_reset_obs": "a0",
 }
@@ -226,3 +227,32 @@ def test_with_a_restart_policy_a_bad_reset_restarts_the_sub_env_and_drops_nothin
         for field in ("valid", "reward", "terminated", "truncated", "obs", "next_obs"):
             a, b = getattr(g, field), getattr(ref, field)
             np.testing.assert_array_equal(a, b, err_msg=field)
+
+
+@pytest.mark.parametrize(
+    ("kind", "match"),
+    [
+        ("selection", r"sub-env 0: agent 'zz' is not among possible_agents"),
+        ("reward", r"sub-env 0: agent 'zz' is not among possible_agents"),
+        ("rewards", r"sub-env 0: step\(\) returned rewards of type NoneType"),
+        ("infos", r"sub-env 0: step\(\) returned infos of type NoneType"),
+        ("flags", r"sub-env 0, agent 'r\d': step\(\) left no termination or truncation flag"),
+    ],
+)
+def test_a_turn_based_sub_envs_malformed_outputs_are_named_not_raised_from_its_code(kind, match):
+    """These failed in jaxrunner's own look-ups (a KeyError, an AttributeError), which the
+    error then put on the env's code."""
+    with pytest.raises((EnvError, InvalidStepError), match=match) as info:
+        sample([functools.partial(UnlistedOutputs, kind)] * 2, num_actions=4)
+    assert info.value.__cause__ is None and info.value.partial_trajectory is not None
+
+
+def test_a_reward_for_an_undeclared_agent_is_refused_not_counted_unassigned():
+    class Unlisted(BadOutputs):
+        def step(self, actions):
+            obs, rewards, terms, truncs, infos = super().step(actions)
+            return obs, {**rewards, "zz": 5.0}, terms, truncs, infos
+
+    fns = [functools.partial(Unlisted, "nan_obs", -1)] * 2  # (never armed)
+    with pytest.raises(EnvError, match="agent 'zz' is not among possible_agents"):
+        sample(fns, "sync")

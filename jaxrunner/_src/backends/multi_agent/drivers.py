@@ -11,7 +11,13 @@ from typing import Any
 import numpy as np
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.multi_agent.layout import AgentSlot, Layout, agent_label
+from jaxrunner._src.backends.multi_agent.env_outputs import (
+    came_back,
+    check_dict,
+    check_infos,
+    no_flags,
+)
+from jaxrunner._src.backends.multi_agent.layout import AgentSlot, Layout, agent_label, unknown_agent
 from jaxrunner.errors import EnvError, InvalidArgumentError, InvalidStepError
 
 
@@ -114,25 +120,6 @@ class Driver(abc.ABC):
         return float(sum(self.pending_reward.values()))
 
 
-def check_infos(infos: Any, index: int, call: str) -> dict[str, Any]:
-    """A PettingZoo env's infos: a dict of one dict per agent (gymnasium's rule for
-    infos, per agent), or the error that names the sub-env and agent."""
-    for agent, info in check_dict(infos, call, "infos", index).items():
-        if type(info) is not dict:
-            space_arrays.check_info(info, agent_label(index, agent), call)
-    return infos
-
-
-def check_dict(value: Any, call: str, name: str, index: int) -> dict:
-    if not isinstance(value, dict):
-        raise EnvError(
-            f"sub-env {index}: {call}() returned {name} of type {type(value).__name__}; a "
-            "PettingZoo env returns a dict keyed by agent id.",
-            index,
-        )
-    return value
-
-
 class ParallelDriver(Driver):
     """A PettingZoo ``ParallelEnv`` (every live agent acts; see docs/multi-agent.md)."""
 
@@ -202,10 +189,12 @@ class ParallelDriver(Driver):
         if self._newcomers:
             self.started.update(agent for agent, _ in live)
             self._newcomers = False
-        env_reward, pending = 0.0, self.pending_reward
+        env_reward, pending, slots = 0.0, self.pending_reward, self.layout.slot
         for agent, r in rewards.items():
             if type(r) is not float or r - r != 0.0:  # not a finite float: check it
                 r = space_arrays.check_reward(r, agent_label(i, agent))
+            if agent not in slots:  # (its reward would count as unassigned)
+                raise unknown_agent(self.layout, i, agent)
             pending[agent] = pending.get(agent, 0.0) + r
             env_reward += r
         # The buffers hold every acting agent as completed and still acting
@@ -227,7 +216,9 @@ class ParallelDriver(Driver):
                     "it. A ParallelEnv must return the reward of every agent that acted "
                     "(0.0 where it gets none)."
                 )
-            term, trunc = terms.get(agent, False), truncs.get(agent, False)
+            if agent not in terms or agent not in truncs:  # (read as False, it acted on)
+                raise no_flags(i, agent)
+            term, trunc = terms[agent], truncs[agent]
             if type(term) is not bool:
                 term = space_arrays.check_flag(term, agent_label(i, agent), "terminated")
             if type(trunc) is not bool:
@@ -293,7 +284,7 @@ class AECDriver(Driver):
                 "must start an episode with at least one agent.",
                 self.env_index,
             )
-        return check_infos(dict(self.env.infos), self.env_index, "reset")
+        return dict(check_infos(self.env.infos, self.env_index, "reset"))
 
     def step(self, actions: Sequence[Any]) -> tuple[bool, float, float, dict[str, Any]]:
         env = self.env
@@ -305,7 +296,8 @@ class AECDriver(Driver):
         env.step(actions[slot.g][self.index, slot.a])
         env_reward = self._collect_rewards()
         env_reward += self._settle()
-        infos = check_infos({**self._final_infos, **env.infos}, self.env_index, "step")
+        infos = {**self._final_infos, **check_dict(env.infos, "step", "infos", self.env_index)}
+        infos = check_infos(infos, self.env_index, "step")
         if env.agents:
             return False, env_reward, 0.0, infos
         # Agents the env removed without their dead step: their episode was cut with
@@ -316,10 +308,12 @@ class AECDriver(Driver):
 
     def _collect_rewards(self) -> float:
         """Adds each agent's reward to its pending one; returns their sum."""
-        total, pending = 0.0, self.pending_reward
-        for agent, r in self.env.rewards.items():
+        total, pending, i = 0.0, self.pending_reward, self.env_index
+        for agent, r in check_dict(self.env.rewards, "step", "rewards", i).items():
             if type(r) is not float or r - r != 0.0:  # not a finite float: check it
-                r = space_arrays.check_reward(r, agent_label(self.env_index, agent))
+                r = space_arrays.check_reward(r, agent_label(i, agent))
+            if agent not in self.layout.slot:
+                raise unknown_agent(self.layout, i, agent)
             pending[agent] = pending.get(agent, 0.0) + r
             total += r
         return total
@@ -332,12 +326,14 @@ class AECDriver(Driver):
         reward = 0.0
         while env.agents:
             agent = env.agent_selection
-            term = space_arrays.check_flag(
-                env.terminations[agent], agent_label(i, agent), "terminated"
-            )
-            trunc = space_arrays.check_flag(
-                env.truncations[agent], agent_label(i, agent), "truncated"
-            )
+            if agent not in self.layout.slot:
+                raise unknown_agent(self.layout, i, agent)
+            terms = check_dict(env.terminations, "step", "terminations", i)
+            truncs = check_dict(env.truncations, "step", "truncations", i)
+            if agent not in terms or agent not in truncs:
+                raise no_flags(i, agent)
+            term = space_arrays.check_flag(terms[agent], agent_label(i, agent), "terminated")
+            trunc = space_arrays.check_flag(truncs[agent], agent_label(i, agent), "truncated")
             if not (term or trunc):
                 break
             if agent in self.acted:
@@ -356,16 +352,6 @@ class AECDriver(Driver):
             self._last_obs[agent] = obs
             self._set_acting(agent, obs)
         return reward
-
-
-def came_back(env_index: int, agent: str) -> InvalidStepError:
-    """The error for an agent that acts again in the episode it left (terminated or
-    truncated): its episode has ended, and PettingZoo's API ends it for good."""
-    return InvalidStepError(
-        f"sub-env {agent_label(env_index, agent)} is back after its episode ended (it was "
-        "terminated or truncated earlier in the env's episode). An agent that is done "
-        "stays done until the env resets; give a returning agent another agent id."
-    )
 
 
 def make_driver(env: Any, index: int, layout: Layout) -> Driver:

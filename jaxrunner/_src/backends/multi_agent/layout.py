@@ -71,13 +71,7 @@ class AgentSlot:
     def __init__(self, layout: Layout, agent: str, b: int) -> None:
         slot = layout.slot.get(agent)
         if slot is None:
-            index = layout.offset + b
-            raise EnvError(
-                f"sub-env {index}: agent {agent!r} is not among possible_agents "
-                f"{list(layout.slot)}; a multi-agent env must declare every agent it may have "
-                "in possible_agents.",
-                index,
-            )
+            raise unknown_agent(layout, layout.offset + b, agent)
         self.g, self.a = g, a = slot
         self.row = b * layout.groups[g].num_agents + a
         buf = layout.buffers[g]
@@ -88,6 +82,16 @@ class AgentSlot:
         # A plain array buffer: an observation already checked by ``write_next`` is
         # copied in without a second check.
         self.obs_rows = buf.obs_rows if isinstance(buf.obs_rows, np.ndarray) else None
+
+
+def unknown_agent(layout: Layout, env_index: int, agent: Any) -> EnvError:
+    """The error for an agent id the env never declared."""
+    return EnvError(
+        f"sub-env {env_index}: agent {agent!r} is not among possible_agents "
+        f"{list(layout.slot)}; a multi-agent env must declare every agent it may have "
+        "in possible_agents.",
+        env_index,
+    )
 
 
 def agent_label(env_index: int, agent: str) -> str:
