@@ -128,10 +128,16 @@ class NormalizeObservation(ObsConnector):
         """``state`` with the observations ``obs`` (``[N, ...]`` env observations, e.g.
         from a few random steps) merged into the statistics, frozen or not."""
 
+        def structure(got: str) -> InvalidArgumentError:
+            return InvalidArgumentError(
+                "NormalizeObservation.prime(obs=...): expected observations structured as the "
+                f"observation space (as the statistics are): {got}"
+            )
+
         def check(running: RunningMoments | None, leaf: Any) -> None:
             shape = None if running is None else tuple(running.stats.mean.shape)
-            if isinstance(leaf, Mapping):  # a dict where the statistics hold one array
-                raise ValueError(f"a dict where the space has an array of shape {shape}")
+            if isinstance(leaf, Mapping):  # (jax.tree.map takes a dict for a stats leaf)
+                raise structure(f"a dict where the space has an array of shape {shape}")
             if shape is not None and (not np.ndim(leaf) or np.shape(leaf)[1:] != shape):
                 raise InvalidArgumentError(
                     f"NormalizeObservation.prime(obs=...): expected N observations of shape "
@@ -141,13 +147,10 @@ class NormalizeObservation(ObsConnector):
 
         try:
             jax.tree.map(check, state.shared, obs, is_leaf=_is_stats)
-        except ValueError as err:  # another structure than the statistics'
-            if isinstance(err, InvalidArgumentError):
-                raise
-            raise InvalidArgumentError(
-                "NormalizeObservation.prime(obs=...): expected observations structured as the "
-                f"observation space (as the statistics are): {err}"
-            ) from None
+        except InvalidArgumentError:
+            raise
+        except ValueError as err:  # jax.tree.map: another structure than the statistics'
+            raise structure(str(err)) from None
         return self._take_in(state, obs, 1, None, force=True)
 
     def _take_in(

@@ -25,14 +25,14 @@ def check_policy_actions(
     batch of ``num_envs`` against the action space, before any env is stepped; ``path``
     names a nested part (``"['move']"``)."""
     where, fix = f"policy actions{path}", "Check the policy's action head against the env."
-    if type(action_space) not in LEAF_TYPES and isinstance(action_space, spaces.Dict):
+    if isinstance(action_space, spaces.Dict):
         if not isinstance(spec, Mapping) or set(spec) != set(action_space.spaces):
             keys = sorted(action_space.spaces)  # an extra key would vanish unsaid
             raise mismatch(where, f"a dict with keys {keys} ({action_space})", spec, fix)
         for key, sub in action_space.items():
             check_policy_actions(sub, spec[key], num_envs, f"{path}[{key!r}]")
         return
-    if type(action_space) not in LEAF_TYPES and isinstance(action_space, spaces.Tuple):
+    if isinstance(action_space, spaces.Tuple):
         if not isinstance(spec, (tuple, list)) or len(spec) != len(action_space.spaces):
             raise mismatch(
                 where, f"a tuple of {len(action_space.spaces)} ({action_space})", spec, fix

@@ -216,9 +216,10 @@ class ParallelDriver(Driver):
                     "it. A ParallelEnv must return the reward of every agent that acted "
                     "(0.0 where it gets none)."
                 )
-            if agent not in terms or agent not in truncs:  # (read as False, it acted on)
-                raise no_flags(i, agent)
-            term, trunc = terms[agent], truncs[agent]
+            try:  # (not read as False: it would act on)
+                term, trunc = terms[agent], truncs[agent]
+            except KeyError:
+                raise no_flags(i, agent) from None
             if type(term) is not bool:
                 term = space_arrays.check_flag(term, agent_label(i, agent), "terminated")
             if type(trunc) is not bool:
@@ -308,11 +309,11 @@ class AECDriver(Driver):
 
     def _collect_rewards(self) -> float:
         """Adds each agent's reward to its pending one; returns their sum."""
-        total, pending, i = 0.0, self.pending_reward, self.env_index
+        total, pending, i, slots = 0.0, self.pending_reward, self.env_index, self.layout.slot
         for agent, r in check_dict(self.env.rewards, "step", "rewards", i).items():
             if type(r) is not float or r - r != 0.0:  # not a finite float: check it
                 r = space_arrays.check_reward(r, agent_label(i, agent))
-            if agent not in self.layout.slot:
+            if agent not in slots:
                 raise unknown_agent(self.layout, i, agent)
             pending[agent] = pending.get(agent, 0.0) + r
             total += r
@@ -328,12 +329,13 @@ class AECDriver(Driver):
             agent = env.agent_selection
             if agent not in self.layout.slot:
                 raise unknown_agent(self.layout, i, agent)
-            terms = check_dict(env.terminations, "step", "terminations", i)
-            truncs = check_dict(env.truncations, "step", "truncations", i)
-            if agent not in terms or agent not in truncs:
-                raise no_flags(i, agent)
-            term = space_arrays.check_flag(terms[agent], agent_label(i, agent), "terminated")
-            trunc = space_arrays.check_flag(truncs[agent], agent_label(i, agent), "truncated")
+            try:
+                term = check_dict(env.terminations, "step", "terminations", i)[agent]
+                trunc = check_dict(env.truncations, "step", "truncations", i)[agent]
+            except KeyError:
+                raise no_flags(i, agent) from None
+            term = space_arrays.check_flag(term, agent_label(i, agent), "terminated")
+            trunc = space_arrays.check_flag(trunc, agent_label(i, agent), "truncated")
             if not (term or trunc):
                 break
             if agent in self.acted:

@@ -30,6 +30,7 @@ def check_dict(value: Any, call: str, name: str, index: int) -> dict:
 
 
 def no_flags(env_index: int, agent: str) -> InvalidStepError:
+    """The error for an agent whose termination or truncation flag the env left out."""
     return InvalidStepError(
         f"sub-env {agent_label(env_index, agent)}: step() left no termination or truncation "
         "flag for it. A PettingZoo env gives both flags of every agent that acted or acts."
