@@ -71,7 +71,8 @@ def play_parallel(
         for flag in (False, True):  # terminated ones, then truncated ones
             ended = {a: obs[a] for a in obs if (truncs.get(a) if flag else terms.get(a))}
             if ended:
-                env.end_agents(eid, ended, truncated=flag)
+                # (numpy's bool, as read from an env's arrays: clients take it as envs do)
+                env.end_agents(eid, ended, truncated=np.bool_(flag))
                 for agent in ended:
                     refs[agent].end(obs[agent], not flag, flag)
         acting = {a: obs[a] for a in pz.agents}

@@ -291,6 +291,31 @@ def test_bad_requests_get_4xx_with_a_clear_error_and_change_nothing(served):
     client.close()
 
 
+def test_numpy_scalars_are_taken_as_the_env_in_process_takes_them(served):
+    """Episode ids, flags and truncation as numpy scalars (e.g. read from a vector env's
+    arrays): each client sends them as JSON's values; a local-inference episode ended
+    with one reaches the server whole."""
+    env, server, token_file = served
+    obs = np.zeros(4, np.float32)
+    remote = PolicyClient(server.url, token_file=token_file, client_id="numpy-scalars")
+    local = PolicyClient(server.url, token_file=token_file, inference="local", policy=POLICY)
+    try:
+        for client, eid in ((remote, 30_000), (local, 30_001)):
+            assert client.start_episode(np.int64(eid), training_enabled=np.bool_(True)) == eid
+            for t in range(3):
+                client.get_action(eid, obs + 0.01 * t)
+                client.log_returns(eid, np.float32(1.0))
+            client.end_episode(eid, obs, truncated=np.bool_(True))
+        episodes = {e.episode_id: e for e in env.poll_episodes()}
+        assert sorted(episodes) == [30_000, 30_001]
+        for episode in episodes.values():
+            assert episode.length == 3 and episode.truncated and not episode.terminated
+            assert episode.reward.tolist() == [1.0, 1.0, 1.0]
+    finally:
+        remote.close()
+        local.close()
+
+
 def test_episode_caps_answer_429(served):
     env, server, token_file = served
     clients = [

@@ -174,7 +174,7 @@ class PolicyClient(ClientCore):
             ReportError: the report failed part way; the error holds the episode and
                 says how much of it the server has.
         """
-        check_bool("end_episode", "truncated", truncated)  # as the env in process checks it
+        truncated = check_bool("end_episode", "truncated", truncated)  # as the env in process
         obs = check_value(self.observation_space, obs, "obs")
         encoded_obs = wire.encode_tree(self.observation_space, obs)
         if self._local is None:
@@ -302,14 +302,14 @@ class MultiAgentPolicyClient(ClientCore):
     def end_agents(self, episode_id: int, obs: dict[str, Any], *, truncated: bool = False) -> None:
         """Ends the agents of ``obs`` (``{agent_id: final_obs}``) while the episode
         goes on."""
-        check_bool("end_agents", "truncated", truncated)
+        truncated = check_bool("end_agents", "truncated", truncated)
         body = {"obs": self._encode_agents(obs, "end_agents", "obs"), "truncated": truncated}
         self._call("POST", f"/v1/episodes/{episode_id}/end_agents", body)
 
     def end_episode(self, episode_id: int, obs: dict[str, Any], *, truncated: bool = False) -> None:
         """Ends the episode; ``obs`` holds the final observation of every agent that
         acted and has not ended."""
-        check_bool("end_episode", "truncated", truncated)
+        truncated = check_bool("end_episode", "truncated", truncated)
         body = {"obs": self._encode_agents(obs, "end_episode", "obs"), "truncated": truncated}
         self._call("POST", f"/v1/episodes/{episode_id}/end", body)
 

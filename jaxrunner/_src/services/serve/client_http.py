@@ -10,6 +10,7 @@ import uuid
 from typing import Any, ClassVar, Self
 
 import httpx
+import numpy as np
 from gymnasium import spaces
 
 import jaxrunner.errors as errors
@@ -221,7 +222,7 @@ class ClientCore:
 
     def start_episode(self, episode_id: int | None = None, training_enabled: bool = True) -> int:
         """Starts an episode on the server; returns its id."""
-        body = {"episode_id": episode_id, "training_enabled": training_enabled}
+        body = {"episode_id": _plain(episode_id), "training_enabled": _plain(training_enabled)}
         return int(self._call("POST", "/v1/episodes", body, fields=("episode_id",))["episode_id"])
 
     def get_metrics(self) -> dict[str, Any]:
@@ -267,3 +268,9 @@ class ClientCore:
     @staticmethod
     def _decode(space: spaces.Space, tree: Any, name: str) -> Any:
         return check_value(space, wire.decode_tree(space, tree, name), name, bounds=False)
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python value JSON takes, as an env in process takes it (the
+    server checks it); anything else as it is."""
+    return value.item() if isinstance(value, np.generic) else value
