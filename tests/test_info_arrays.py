@@ -237,6 +237,66 @@ def test_all_entries_first_reported_later_appear_from_that_sample_on():
             np.testing.assert_array_equal(after.extras["infos"][name], values[name][3 * k :], name)
 
 
+class EpisodeEnds(jr.multi_agent.AgentCallbacks):
+    """Each ended episode as ``LiveEpisode.to_episode`` and ``on_agent_episode_end`` see it."""
+
+    def __init__(self):
+        self.live, self.joined = [], []
+
+    def on_episode_end(self, runner, env_index, episode):
+        self.live.append(episode.to_episode())
+
+    def on_agent_episode_end(self, runner, episode):
+        self.joined.append(episode)
+
+
+def test_all_episodes_across_the_sample_where_entries_first_appear_hold_them():
+    # 3-step samples: an episode under way when RecordEpisodeStatistics' entries first
+    # appear is joined from pieces with and without them (the earlier steps: not present).
+    whole = run_all("sync", length=30)[0]
+    values, present = by_hand(whole)
+    envs = jr.make_vec(cartpole_with_infos, 4)
+    policy = mlp_policy(envs.single_action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    ends = EpisodeEnds()
+    with jr.EnvRunner(envs, policy, params, 3, seed=1, info_keys="all", callbacks=ends) as runner:
+        episodes = runner.sample_episodes(4)
+    assert sorted(e.length for e in episodes) == sorted(e.length for e in ends.joined[:4])
+    for episode in [*episodes, *ends.joined, *ends.live]:
+        b, steps = episode.env_id, slice(episode.start_step, episode.start_step + episode.length)
+        assert list(episode.extras["infos"]) == ALL_KEYS, episode.extras["infos"].keys()
+        for name in ALL_KEYS:
+            got = episode.extras["infos_present"][name]
+            np.testing.assert_array_equal(got, present[name][steps, b], name)
+            if name != WALL_CLOCK:
+                np.testing.assert_array_equal(
+                    episode.extras["infos"][name], values[name][steps, b], name
+                )
+
+
+def test_all_with_a_restore_joins_the_episodes_under_way_at_the_save(tmp_path):
+    # The save holds empty info dicts (no entry reported yet), which a checkpoint cannot
+    # keep: the episodes under way are joined without them.
+    def episodes_after(restore: bool) -> list[int]:
+        envs = jr.make_vec("CartPole-v1", 2)
+        policy = mlp_policy(envs.single_action_space, hidden=(8,))
+        params = policy.init(jax.random.key(0), envs.single_observation_space)
+        ends = EpisodeEnds()
+        with jr.EnvRunner(envs, policy, params, 7, seed=5, info_keys="all", callbacks=ends) as r:
+            if restore:
+                assert r.restore(tmp_path / "run.npz", load_env_pickles=True).envs_restored
+            else:
+                r.sample()
+                r.save(tmp_path / "run.npz")
+                ends.joined.clear()
+            for _ in range(4):
+                r.sample()
+        return [e.length for e in ends.joined]
+
+    unbroken = episodes_after(restore=False)
+    assert unbroken and episodes_after(restore=True) == unbroken
+
+
 def test_all_with_reused_buffers_records_what_new_buffers_do():
     envs = jr.make_vec(cartpole_with_infos, 4)
     policy = mlp_policy(envs.single_action_space, hidden=(8,))

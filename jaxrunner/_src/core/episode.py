@@ -100,8 +100,30 @@ def join_steps(head: Any, tail: Any) -> dict[str, Any]:
         "obs": jax.tree.map(lambda x, y: x if empty else cat(x[:-1], y), head.obs, tail.obs),
         "action": jax.tree.map(cat, head.action, tail.action),
         "reward": cat(head.reward, tail.reward),
-        "extras": jax.tree.map(cat, head.extras, tail.extras),
+        "extras": join_extras(head.extras, tail.extras, len(head.reward), len(tail.reward)),
     }
+
+
+def join_extras(head: Any, tail: Any, head_steps: int, tail_steps: int) -> Any:
+    """The extras of two consecutive pieces of an episode, joined; a dict entry only one
+    piece has is zeros in the other: an info entry (``info_keys="all"``) first reported
+    in a later sample, or empty info dicts a checkpoint could not hold, is not present
+    there."""
+    return jax.tree.map(
+        lambda x, y: np.concatenate([x, y]),
+        _with_entries(head, tail, head_steps),
+        _with_entries(tail, head, tail_steps),
+    )
+
+
+def _with_entries(extras: Any, other: Any, length: int) -> Any:
+    """A piece's ``extras`` with the dict entries only ``other`` has, as ``length`` zeros."""
+    if not (isinstance(extras, dict) and isinstance(other, dict)):
+        return extras
+    filled = {k: _with_entries(v, other.get(k), length) for k, v in extras.items()}
+    for key in other.keys() - extras.keys():
+        filled[key] = jax.tree.map(lambda x: np.zeros((length, *x.shape[1:]), x.dtype), other[key])
+    return filled
 
 
 def concatenate_episodes(head: Episode, tail: Episode) -> Episode:

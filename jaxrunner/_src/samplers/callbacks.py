@@ -7,7 +7,7 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from jaxrunner._src.core.episode import Episode
+from jaxrunner._src.core.episode import Episode, join_extras
 from jaxrunner._src.core.runner_state import Runner
 
 
@@ -53,10 +53,11 @@ class LiveEpisode:
         self.reward.append(reward)
         self.infos.append(info)
 
-    def detach(self, buf: StepRows) -> None:
-        """Copies the episode's rows out of ``buf``, which it no longer references."""
+    def detach(self, buf: StepRows | None = None) -> None:
+        """Copies the episode's rows out of ``buf`` (None: of every buffer), which it no
+        longer references."""
         for span in self._spans:
-            if span.buf is buf:
+            if span.buf is not None and (buf is None or span.buf is buf):
                 span.detach()
 
     @property
@@ -93,13 +94,24 @@ class LiveEpisode:
             obs=stack(self.obs),
             action=stack(self.action) if self.action else np.empty((0,)),
             reward=np.asarray(self.reward, dtype=np.float64),
-            extras=stack(self.extras) if self.extras else {},
+            extras=self._extras(),
             terminated=self.terminated,
             truncated=self.truncated,
             episode_id=self.episode_id,
             env_id=self.env_id,
             faulty=self.faulty,
         )
+
+    def _extras(self) -> Any:
+        """The steps' extras, span by span (an info entry may first appear in a later
+        sample's span: ``join_extras``)."""
+        extras, steps = {}, 0
+        for span in self._spans:
+            rows = jax.tree.map(np.array, span.tree("extras"))  # copies, out of the buffers
+            n = span.stop - span.start
+            extras = rows if not steps else join_extras(extras, rows, steps, n)
+            steps += n
+        return extras
 
 
 class _Span:
@@ -114,16 +126,17 @@ class _Span:
         self.trees: dict[str, Any] = {}
 
     def detach(self) -> None:
-        self.trees = {name: self._tree(name) for name in self.FIELDS}
+        self.trees = {name: self.tree(name) for name in self.FIELDS}
         self.buf = None
 
-    def _tree(self, field: str) -> Any:
+    def tree(self, field: str) -> Any:
+        """``field``'s rows of the span, ``[stop - start, ...]``."""
         if self.buf is None:  # detached: the rows alone
             return self.trees[field]
         return self.buf.env_rows(field, slice(self.start, self.stop), self.env)
 
     def rows(self, field: str) -> list[Any]:
-        tree = self._tree(field)
+        tree = self.tree(field)
         return [jax.tree.map(lambda x, i=i: x[i], tree) for i in range(self.stop - self.start)]
 
 

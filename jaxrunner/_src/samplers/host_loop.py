@@ -157,7 +157,7 @@ class HostLoop:
             self.metrics.sample_time_s += perf_counter() - start_time
             self.metrics.perf.record(perf, self._steps_done())
         if self._live is not None:  # the next sample writes other buffers
-            self._live.detach(self._rows)
+            self._live.detach()
         if self.ready_first is not None:
             self.ready_first.finish()
         traj = self._close(ro, self.rollout_length)
@@ -268,6 +268,9 @@ class HostLoop:
         if out.failed is not None or out.reset_rows is not None:
             self._faults(ro, out, t, np.arange(lo, hi), slice(None))
         if self._live is not None:
+            if self._infos is not None and len(self._infos.keys) != self._live.num_info_keys:
+                self._rows = self.rows_view(ro.traj)  # with the entries first reported now
+                self._live.num_info_keys = len(self._infos.keys)
             self._live.step(lo, hi, t, out, self._rows)
         perf["obs_processing_ms"] += perf_counter() - clock
 

@@ -33,6 +33,8 @@ class LiveEpisodes:
         """The id of the next episode to start (the book's, counted step by step)."""
         self._reserved = np.zeros(num_envs, np.int64)
         """Reset steps: the id each env's next episode takes at its reset step."""
+        self.num_info_keys = 0
+        """The info entries (``info_keys="all"``) the view of the sample's buffers holds."""
 
     def step(self, lo: int, hi: int, t: int, out: MultiAgentStep, rows: Any) -> None:
         """The hooks of envs ``[lo, hi)``'s step ``t`` (recorded in ``rows``): a step,
@@ -62,7 +64,7 @@ class LiveEpisodes:
                 if not (live.terminated or live.truncated):
                     continue
             callbacks.on_episode_end(runner, b, live)
-            live.detach(rows)  # a kept episode must not keep the trajectory alive
+            live.detach()  # a kept episode must not keep the trajectory alive
             if self._reset_steps:  # it starts at the env's reset step, a call later
                 self._reserved[b] = self.next_id
             else:
@@ -96,7 +98,7 @@ class LiveEpisodes:
         latest observations ``groups``."""
         self.episodes = [self.start(b, ids[b], groups) for b in range(len(ids))]
 
-    def detach(self, rows: Any) -> None:
+    def detach(self) -> None:
         """The next sample writes other buffers: the episodes copy what they hold."""
         for live in self.episodes:
-            live.detach(rows)
+            live.detach()
