@@ -86,6 +86,17 @@ def test_seeded_reset_gives_the_same_episodes() -> None:
         np.testing.assert_array_equal(listed[1], first[0])
 
 
+@pytest.mark.parametrize("keep_reset_steps", [True, False])
+def test_sync_mode_refuses_pipelining_splits_when_the_runner_is_built(
+    mlp: Callable, keep_reset_steps: bool
+) -> None:
+    envs = _envpool(4, keep_reset_steps=keep_reset_steps)
+    policy = mlp(envs.single_action_space)
+    params = policy.init(jax.random.key(1), envs.single_observation_space)
+    with pytest.raises(InvalidArgumentError, match=r"num_splits=2\): EnvPoolVectorEnv steps all"):
+        jr.EnvRunner(envs, policy, params, rollout_length=4, seed=SEED, num_splits=2)
+
+
 def test_runner_on_same_step_mode_gives_real_transitions(mlp: Callable) -> None:
     """keep_reset_steps=False: every slot a transition, each one CartPole's own."""
     envs = _envpool(4, keep_reset_steps=False)

@@ -354,13 +354,16 @@ def test_runner_uses_one_group_by_default(mlp: Callable) -> None:
         assert runner.sample().reward.shape == (4, 4)
 
 
-def test_runner_with_two_groups_gets_a_clear_error(mlp: Callable) -> None:
+def test_runner_with_two_splits_is_refused_when_built(mlp: Callable) -> None:
+    # The wrapped env steps its whole batch at once: refused before anything runs (the
+    # first sample() used to fail in step_batch and leave the runner unusable).
     envs = _cartpole(4)
     policy = mlp(envs.single_action_space)
     params = policy.init(jax.random.key(1), envs.single_observation_space)
-    runner = jr.EnvRunner(envs, policy, params, rollout_length=4, seed=0, num_splits=2)
-    with runner, pytest.raises(InvalidArgumentError, match=r"num_splits=1"):
-        runner.sample()
+    with pytest.raises(InvalidArgumentError, match=r"num_splits=2\): GymnasiumVectorEnv steps all"):
+        jr.EnvRunner(envs, policy, params, rollout_length=4, seed=0, num_splits=2)
+    with jr.EnvRunner(envs, policy, params, rollout_length=4, seed=0, num_splits=1) as runner:
+        assert runner.sample().reward.shape == (4, 4)
 
 
 # -- adoption errors -------------------------------------------------------------------------------

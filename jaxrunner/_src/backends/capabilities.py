@@ -38,6 +38,9 @@ class Capabilities:
     pipeline_splits: int | None = None
     """Lockstep pipelining splits when the runner is given ``num_splits=None`` (None:
     the sampler's own rule)."""
+    whole_batch: bool = False
+    """Lockstep: every step steps all the sub-envs at once (a gymnasium vector env,
+    EnvPool's sync mode), so the sampler runs one split and the runner refuses more."""
     pipeline_bounds: tuple[int, ...] | None = None
     """Lockstep: the split edges ``(0, ..., num_envs)`` the sampler pipelines (its
     default split count, and its splits whenever it runs that many), where the backend

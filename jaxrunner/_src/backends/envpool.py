@@ -77,7 +77,7 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         self._sending = False  # keep_reset_steps: a send is stepping in EnvPool
         if self.keep_reset_steps:
             self.capabilities = Capabilities(
-                pipeline_splits=1, reset_steps=True, steps_in_background=True
+                whole_batch=True, reset_steps=True, steps_in_background=True
             )
             self.metadata = {**self.metadata, "autoreset_mode": AutoresetMode.NEXT_STEP}
 

@@ -61,7 +61,7 @@ class GymnasiumVectorEnv(InProcessSends, GymnasiumSubEnvs, WrappedOutputs, Vecto
         InvalidArgumentError: for a NEXT_STEP env with no known masked reset.
     """
 
-    capabilities = Capabilities(pipeline_splits=1)
+    capabilities = Capabilities(whole_batch=True)
 
     def __init__(
         self,

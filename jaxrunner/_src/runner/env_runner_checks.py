@@ -64,6 +64,13 @@ def check_arguments(
     check_int(
         "EnvRunner", "num_splits", num_splits, high=num_envs, hint=at_most, none="for automatic"
     )
+    whole_batch = getattr(envs, "capabilities", None) and envs.capabilities.whole_batch
+    if num_splits not in (None, 1) and whole_batch:  # (a pure-JAX env: refused at its loop)
+        raise InvalidArgumentError(
+            f"EnvRunner(num_splits={num_splits}): {type(envs).__name__} steps all its sub-envs "
+            "at once, so there are no splits to pipeline; leave num_splits=None (or use the "
+            "'sync' or 'process' backend, which pipeline)."
+        )
     if callbacks is not None and not isinstance(callbacks, kind.callbacks_type):
         what = kind.callbacks_name
         raise InvalidArgumentTypeError(

@@ -65,6 +65,8 @@ def default_num_splits(envs: Stepped, costs: Sequence[GroupCost] = ()) -> int:
     :data:`CHUNK_FLOPS` (an unknown cost counting as more): then only whole chunks (a
     NatureCNN's two splits of 4 envs computed 16 rows, 0.72x)."""
     num_envs, capabilities = envs.num_envs, envs.capabilities
+    if capabilities.whole_batch:
+        return 1
     if capabilities.pipeline_bounds is not None:
         return len(capabilities.pipeline_bounds) - 1
     if compute_platform() != "cpu":
