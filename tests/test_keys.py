@@ -47,6 +47,17 @@ def test_seed_split_and_fold_in_match_threefry(seed: int, data: int) -> None:
         _same(jax.random.split(reference, shape), jax.random.split(ours, shape))
 
 
+def test_a_seed_keeps_all_64_bits_as_jax_seeds_a_64_bit_int():
+    # JAX without jax_enable_x64 keeps only a seed's low 32 bits; a runner's seed reaches
+    # 2**63 - 1, so its keys take the (high, low) words JAX makes of a 64-bit seed.
+    for seed in (2**32 + 5, 2**40 + 7, 2**63 - 1):
+        words = np.asarray(jax.random.key_data(keys.key(seed)))
+        assert words.tolist() == [seed >> 32, seed & 0xFFFFFFFF]
+    assert not np.array_equal(
+        jax.random.normal(keys.key(2**32 + 5), (4,)), jax.random.normal(keys.key(5), (4,))
+    )
+
+
 @functools.partial(jax.jit, static_argnums=1)
 def _draws(key: jax.Array, shape: tuple[int, ...]) -> list[jax.Array]:
     # One program per shape and key kind: a compile per draw costs seconds (each

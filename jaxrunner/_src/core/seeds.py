@@ -12,7 +12,7 @@ from jaxrunner._src.arg_checks import check_int, is_int, is_seed, refusal
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 MAX_SEED = 2**63 - 1
-"""The largest runner seed: its policy keys' root is ``jax.random.key(seed)``, an int64."""
+"""The largest runner seed, an int64: its policy keys' root takes all 64 bits."""
 SEED_BASE_BITS = 30
 """Bases are below ``2**30``, so base + i stays a non-negative int32 (EnvPool's seed
 type) for up to ``2**30`` sub-envs."""

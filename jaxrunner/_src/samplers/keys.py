@@ -86,9 +86,12 @@ IMPL = define_prng_impl(
 backend fuses it; draws what JAX's default threefry key with the same data draws."""
 
 
-def key(seed: int | jax.Array) -> jax.Array:
-    """``jax.random.key(seed)`` with :data:`IMPL`: the root of a runner's keys."""
-    return jax.random.key(seed, impl=IMPL)
+def key(seed: int) -> jax.Array:
+    """The root of a runner's keys, of :data:`IMPL`: ``jax.random.key(seed)``'s words as
+    JAX makes them from a 64-bit seed, ``(seed >> 32, seed & 0xFFFFFFFF)``, with or
+    without ``jax_enable_x64`` (without, JAX would keep the low 32 bits only)."""
+    seed = int(seed)
+    return wrap(jnp.asarray([seed >> 32, seed & 0xFFFFFFFF], np.uint32))
 
 
 def wrap(data: jax.Array) -> jax.Array:
