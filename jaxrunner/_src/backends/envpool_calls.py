@@ -221,7 +221,7 @@ def check_env_ids(env_ids: EnvIds, num_envs: int, in_flight: np.ndarray, who: st
             )
     if len(ids) == 0:
         raise InvalidArgumentError(f"{who}.send(env_ids={env_ids!r}): no env to step.")
-    ids = ids.astype(np.int32, copy=False)  # in range: EnvPool's dtype
+    ids = ids.astype(np.int32)  # a copy (EnvPool may read it later), in range: its dtype
     if np.bincount(ids, minlength=num_envs).max() > 1:  # (a fifth of np.unique's cost)
         raise InvalidArgumentError(
             f"{who}.send(env_ids={ids.tolist()}): an env id is repeated; each env steps once "
