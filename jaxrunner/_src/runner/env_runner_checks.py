@@ -64,8 +64,8 @@ def check_arguments(
     check_int(
         "EnvRunner", "num_splits", num_splits, high=num_envs, hint=at_most, none="for automatic"
     )
-    whole_batch = getattr(envs, "capabilities", None) and envs.capabilities.whole_batch
-    if num_splits not in (None, 1) and whole_batch:  # (a pure-JAX env: refused at its loop)
+    caps = getattr(envs, "capabilities", None)  # (a pure-JAX env's splits: refused at its loop)
+    if num_splits not in (None, 1) and caps is not None and caps.whole_batch:
         raise InvalidArgumentError(
             f"EnvRunner(num_splits={num_splits}): {type(envs).__name__} steps all its sub-envs "
             "at once, so there are no splits to pipeline; leave num_splits=None (or use the "
