@@ -206,13 +206,13 @@ def check_env_ids(env_ids: EnvIds, num_envs: int, in_flight: np.ndarray, who: st
         ids = np.arange(num_envs)[slice(None) if env_ids is None else env_ids]
     else:
         ids = np.asarray(env_ids)
+        if ids.ndim == 0:  # one id
+            ids = ids.reshape(1)
         if ids.ndim != 1 or ids.dtype.kind not in "iu":
-            ids = np.atleast_1d(ids)
-            if ids.ndim != 1 or ids.dtype.kind not in "iu":
-                raise InvalidArgumentError(
-                    f"{who}.send(env_ids={env_ids!r}): expected None, a slice or a 1-d array "
-                    "of integer env ids."
-                )
+            raise InvalidArgumentError(
+                f"{who}.send(env_ids={env_ids!r}): expected None, a slice or a 1-d array of "
+                "integer env ids."
+            )
         if len(ids) and (ids.min() < 0 or ids.max() >= num_envs):
             bad = ids[(ids < 0) | (ids >= num_envs)][0]
             raise EnvIndexError(

@@ -191,7 +191,6 @@ class HostLoop:
             if not defer:
                 self._send(lo, hi, perf, 0)
         bounds = [(rows.start, rows.stop) for rows in self.splits]
-        last_hi = bounds[-1][1]
         for t in range(num_steps):
             for lo, hi in bounds:
                 if defer:
@@ -200,7 +199,7 @@ class HostLoop:
                 out = recv()
                 perf["env_wait_ms"] += perf_counter() - clock
                 self._record(ro, lo, hi, out, perf, t)
-                if hi == last_hi:  # every env has recorded step t (before a send can fail)
+                if hi == num_envs:  # every env has recorded step t (before a send can fail)
                     self._steps = t + 1
                 if t + 1 < num_steps:
                     self._dispatch(params, lo, hi, out.groups, perf)
