@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+import chex
 import gymnasium
 import jax
 import numpy as np
@@ -295,6 +296,28 @@ def test_all_with_a_restore_joins_the_episodes_under_way_at_the_save(tmp_path):
 
     unbroken = episodes_after(restore=False)
     assert unbroken and episodes_after(restore=True) == unbroken
+
+
+def test_all_restores_kept_finished_episodes_with_their_empty_info_dicts(tmp_path):
+    # sample_episodes keeps the finished episodes it did not return; their info dicts are
+    # empty (plain CartPole reports no entry), which a checkpoint holds as no leaves.
+    def kept_after(restore: bool) -> list[jr.Episode]:
+        envs = jr.make_vec("CartPole-v1", 4)
+        policy = mlp_policy(envs.single_action_space, hidden=(8,))
+        params = policy.init(jax.random.key(0), envs.single_observation_space)
+        with jr.EnvRunner(envs, policy, params, 32, seed=5, info_keys="all") as r:
+            if restore:
+                assert r.restore(tmp_path / "run.npz", load_env_pickles=True).envs_restored
+            else:
+                r.sample_episodes(1)
+                r.save(tmp_path / "run.npz")
+            return r.sample_episodes(3)
+
+    unbroken, restored = kept_after(restore=False), kept_after(restore=True)
+    assert [e.episode_id for e in restored] == [e.episode_id for e in unbroken]
+    for a, b in zip(unbroken, restored):
+        assert a.extras["infos"] == {} and a.extras["infos_present"] == {}
+        chex.assert_trees_all_equal(a, b)
 
 
 def test_all_with_reused_buffers_records_what_new_buffers_do():

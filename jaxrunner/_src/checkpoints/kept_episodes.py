@@ -18,6 +18,7 @@ from jaxrunner._src.core.agent_groups import DEFAULT_POLICY_ID
 from jaxrunner._src.core.episode import AgentEpisode, Episode
 from jaxrunner._src.core.npz_file import NpzReader
 from jaxrunner._src.core.runner_state import RunnerParts
+from jaxrunner._src.samplers.info_arrays import INFOS, INFOS_PRESENT
 
 EPISODE_SCALARS: dict[type, dict[str, type]] = {
     cls: {
@@ -57,6 +58,8 @@ class KeptEpisodeReader(CheckpointReader):
         self.scalars = EPISODE_SCALARS[parts.episode_type]
         self.per_agent = "agent_id" in self.scalars
         """Agent episodes: one stream per agent and env, not one per env."""
+        self.records_infos = parts.sampler.info_names() is not None
+        """``info_keys``: every episode's extras hold the info dicts, empty ones too."""
 
     def _read_episode(
         self,
@@ -73,7 +76,7 @@ class KeptEpisodeReader(CheckpointReader):
         where, base = f"{prefix}[{k}]", f"{prefix}/{k}"
         meta = self._check_episode_meta(meta, where, next_id)
         if not self.per_agent:
-            steps = self.read_steps(npz, where, base, meta, specs[DEFAULT_POLICY_ID], most)
+            steps = self._read_steps(npz, where, base, meta, specs[DEFAULT_POLICY_ID], most)
             steps["action"] = self._as_recorded(DEFAULT_POLICY_ID, steps["action"])
             return Episode(**steps, **{f: meta[f] for f in self.scalars})
         agents = {g.policy_id: g.agents for g in self.parts.groups}
@@ -85,12 +88,19 @@ class KeptEpisodeReader(CheckpointReader):
                 f"has {where}.agent_id={meta['agent_id']!r}; policy {pid!r} serves the agents "
                 f"{list(agents[pid])}"
             )
-        steps = self.read_steps(npz, where, base, meta, specs[pid], most)
+        steps = self._read_steps(npz, where, base, meta, specs[pid], most)
         steps["action"] = self._as_recorded(pid, steps["action"])
         name = f"{base}/env_step"
         env_step = npz.read(name, name, "i", leading((), np.dtype(np.int64), len(steps["reward"])))
         self.require((env_step >= 0).all(), name, "negative")
         return AgentEpisode(**steps, env_step=env_step, **{f: meta[f] for f in self.scalars})
+
+    def _read_steps(self, *args: Any) -> dict[str, Any]:
+        """:meth:`read_steps`, with the info dicts a file cannot hold when empty (no leaves)."""
+        steps = self.read_steps(*args)
+        if self.records_infos:
+            steps["extras"] = {INFOS: {}, INFOS_PRESENT: {}, **steps["extras"]}
+        return steps
 
     def _as_recorded(self, policy_id: str, action: Any) -> Any:
         """Policy ``policy_id``'s kept actions as this runner records them: a host sampler
