@@ -18,7 +18,7 @@ from jaxrunner._src.connectors.per_group import GroupConnectors
 from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.core.metrics import MetricsConfig
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
-from jaxrunner._src.core.params import put_params, refuse_params_by_policy_id
+from jaxrunner._src.core.params import params_error, put_params, refuse_params_by_policy_id
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.core.runner_state import RunnerState
 from jaxrunner._src.core.trajectory import Trajectory
@@ -30,7 +30,6 @@ from jaxrunner._src.runner.env_runner_checks import (
     check_host_options,
     check_policy_id,
     check_releasable,
-    params_error,
 )
 from jaxrunner._src.runner.kinds import kind_of
 from jaxrunner._src.runner.ownership import Ownership

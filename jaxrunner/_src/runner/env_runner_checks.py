@@ -7,15 +7,13 @@ import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import flax.errors
 import gymnasium
-import jax
 
 from jaxrunner._src.arg_checks import check_bool, check_int
 from jaxrunner._src.backends.base import MultiAgentVectorEnv, VectorEnv
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.backends.vector_wrappers import vector_wrapper_hint
-from jaxrunner._src.core.policy import Params, Policy, one_row_args
+from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.core.seeds import MAX_SEED
 from jaxrunner._src.samplers.agent_callbacks import STEP_HOOKS, AgentCallbacks, overrides
 from jaxrunner._src.samplers.info_arrays import InfoKeys, check_info_keys
@@ -233,44 +231,3 @@ def check_has_connectors(runner: Any, what: str) -> None:
             "EnvRunner(..., connectors=jaxrunner.connectors.Connectors(...))"
             + runner.kind.connectors_hint
         )
-
-
-def params_error(
-    err: BaseException,
-    policies: Mapping[str, Policy],
-    params: Mapping[str, Params],
-    groups: Any,
-    connectors: Mapping[str, Any],
-    where: str = "EnvRunner",
-    space_name: str = "envs.single_observation_space",
-) -> InvalidArgumentError | None:
-    """What to raise instead of ``err``, raised while building ``where``'s policy step,
-    where the params are to blame; None to raise ``err`` itself. ``connectors``: by
-    policy id, those of the policies with some (they change what the policy sees)."""
-    # Tracing the policy with params of the wrong structure fails deep in its code.
-    wrong_params = isinstance(err, KeyError | TypeError | AttributeError | flax.errors.FlaxError)
-    # A tracer turned into a bool or an int is the policy's own code (Python control flow
-    # on an array), whatever the params: JAX's error says so.
-    if not wrong_params or isinstance(err, InvalidArgumentTypeError | jax.errors.JAXTypeError):
-        return None
-    for g in groups:  # each group's policy traced abstractly on one row of its params
-        policy, seen = policies[g.policy_id], g.observation_space
-        init = space_name
-        if g.policy_id in connectors:  # what the policy sees: the connectors' output
-            seen = connectors[g.policy_id].observation_space(seen)
-            init = f"connectors.observation_space({init})"
-        try:
-            jax.eval_shape(policy.apply_fn, *one_row_args(policy, params[g.policy_id], seen))
-        except Exception:
-            shape = "" if seen.shape is None else f" of shape {seen.shape}"
-            return InvalidArgumentError(
-                f"{where}(params=...): the policy could not be applied to these params on "
-                f"the observations it sees ({type(seen).__name__}{shape}; "
-                f"{type(err).__name__}: {err}). Pass params initialised on those: "
-                f"policy.init(jax.random.key(0), {init})."
-            )
-    err.add_note(
-        f"{where}: the policy applies to these params; this came from building "
-        "the rest of the step (a pure-JAX env's functions and its env params?)."
-    )
-    return None

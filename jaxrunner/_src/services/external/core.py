@@ -18,8 +18,8 @@ from jaxrunner._src.arg_checks import check_bool, check_config, check_int, check
 from jaxrunner._src.core.agent_groups import AgentGroup, GroupedAgents
 from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.core.metrics import EpisodeStats
+from jaxrunner._src.core.params import params_error
 from jaxrunner._src.core.policy import Params, Policy
-from jaxrunner._src.runner.env_runner_checks import params_error
 from jaxrunner._src.services.external.batching import PolicyBatcher, Row
 from jaxrunner._src.services.external.config import ExternalEnvConfig
 from jaxrunner._src.services.external.delivery import ActionDelivery, Parts
