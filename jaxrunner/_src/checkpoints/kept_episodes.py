@@ -75,10 +75,22 @@ class KeptEpisodeReader(CheckpointReader):
         agent of its policy), then its arrays (at most ``most`` steps)."""
         where, base = f"{prefix}[{k}]", f"{prefix}/{k}"
         meta = self._check_episode_meta(meta, where, next_id)
+        pid = self._check_agent(meta, where) if self.per_agent else DEFAULT_POLICY_ID
+        steps = self.read_steps(npz, where, base, meta, specs[pid], most)
+        steps["action"] = self._as_recorded(pid, steps["action"])
+        if self.records_infos:  # a file holds no empty dict (it has no leaves)
+            steps["extras"] = {INFOS: {}, INFOS_PRESENT: {}, **steps["extras"]}
+        scalars = {f: meta[f] for f in self.scalars}
         if not self.per_agent:
-            steps = self._read_steps(npz, where, base, meta, specs[DEFAULT_POLICY_ID], most)
-            steps["action"] = self._as_recorded(DEFAULT_POLICY_ID, steps["action"])
-            return Episode(**steps, **{f: meta[f] for f in self.scalars})
+            return Episode(**steps, **scalars)
+        name = f"{base}/env_step"
+        env_step = npz.read(name, name, "i", leading((), np.dtype(np.int64), len(steps["reward"])))
+        self.require((env_step >= 0).all(), name, "negative")
+        return AgentEpisode(**steps, env_step=env_step, **scalars)
+
+    def _check_agent(self, meta: dict[str, Any], where: str) -> str:
+        """An agent episode's policy, one of the runner's, and its agent, one of that
+        policy's; returns the policy id."""
         agents = {g.policy_id: g.agents for g in self.parts.groups}
         pid = meta["policy_id"]
         if not isinstance(pid, str) or pid not in agents:
@@ -88,19 +100,7 @@ class KeptEpisodeReader(CheckpointReader):
                 f"has {where}.agent_id={meta['agent_id']!r}; policy {pid!r} serves the agents "
                 f"{list(agents[pid])}"
             )
-        steps = self._read_steps(npz, where, base, meta, specs[pid], most)
-        steps["action"] = self._as_recorded(pid, steps["action"])
-        name = f"{base}/env_step"
-        env_step = npz.read(name, name, "i", leading((), np.dtype(np.int64), len(steps["reward"])))
-        self.require((env_step >= 0).all(), name, "negative")
-        return AgentEpisode(**steps, env_step=env_step, **{f: meta[f] for f in self.scalars})
-
-    def _read_steps(self, *args: Any) -> dict[str, Any]:
-        """:meth:`read_steps`, with the info dicts a file cannot hold when empty (no leaves)."""
-        steps = self.read_steps(*args)
-        if self.records_infos:
-            steps["extras"] = {INFOS: {}, INFOS_PRESENT: {}, **steps["extras"]}
-        return steps
+        return pid
 
     def _as_recorded(self, policy_id: str, action: Any) -> Any:
         """Policy ``policy_id``'s kept actions as this runner records them: a host sampler
