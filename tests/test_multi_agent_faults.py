@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 
+import chex
 import numpy as np
 import pytest
 
@@ -424,6 +425,25 @@ def test_random_faults_are_counted_exactly(backend, tmp_path):
     # resets), so its count lies between the failed steps and every new instance.
     assert log.count("step_failed") <= restarts <= log.count("made") - NUM_ENVS
 
+
+
+def test_random_faults_hit_the_same_calls_on_every_backend(tmp_path):
+    # Each env's draws are numbered by its own instances, not by the order in which
+    # concurrent workers made them, so a seeded run is the same run on any backend.
+    runs = []
+    for backend in ("sync", "process"):
+        log = CallLog(tmp_path / backend)
+        fns = faulty_env_fns(coming_and_going, NUM_ENVS, RANDOM_FAULTS, log, seed=3)
+        with jr.EnvRunner(
+            make_envs(backend, fns, restart=True), random_policy(3), zero_params(3), 40, seed=SEED
+        ) as runner:
+            traj = runner.sample()
+        events = ("made", "step_ok", "step_failed", "reset_ok", "reset_failed")
+        runs.append((traj, {name: log.count(name) for name in events}))
+    (sync_traj, sync_counts), (process_traj, process_counts) = runs
+    assert sync_counts["step_failed"] >= 3 and sync_counts["reset_failed"] >= 1
+    assert process_counts == sync_counts
+    chex.assert_trees_all_equal(process_traj, sync_traj)
 
 # -- agent episodes cut by a failure: faulty, as single-agent episodes are ----------------------
 

@@ -115,7 +115,7 @@ class CallLog:
             return 0
 
 
-# Per seed, schedules made here: the n-th draws from rng([s, n]) (a recreated env anew).
+# Per seed, schedules made here without a log: the n-th draws from rng([s, n]).
 _made_per_seed: collections.Counter[int] = collections.Counter()
 
 
@@ -141,9 +141,9 @@ class FaultSchedule:
         faults: what goes wrong and when.
         log: optional cross-process counter (see :class:`FaultyEnv` for its events);
             this records ``made``.
-        seed: seeds the draws of probabilistic faults, mixed with an instance number
-            (the ``made`` count of ``log`` if given, else how many schedules this
-            process made with this seed), so a recreated env draws differently.
+        seed: seeds the draws of probabilistic faults, mixed with how many instances
+            with this seed were made before (counted in ``log`` if given, else in this
+            process), so a recreated env draws differently.
         owner: the wrapper's name, for the messages of injected errors.
     """
 
@@ -155,8 +155,9 @@ class FaultSchedule:
         owner: str = "FaultyEnv",
     ) -> None:
         self.faults, self.log, self.owner = check_plans(owner, faults), log, owner
-        if log is not None:
-            instance = log.count("made")
+        if log is not None:  # numbered per seed: concurrent workers' envs draw alike
+            instance = log.count(f"made-{seed}")
+            log.record(f"made-{seed}")
             log.record("made")
         else:
             instance = _made_per_seed[seed]
