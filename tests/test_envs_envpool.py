@@ -368,6 +368,52 @@ def test_calls_give_what_envpools_public_api_gives(task: str, kwargs: dict, dire
         assert ended > 0  # episodes ended (max_episode_steps) and were reset by EnvPool
 
 
+@pytest.mark.parametrize("what", ["reward", "obs", "huge obs"])
+@pytest.mark.parametrize(
+    "mode",
+    [{}, {"batch_size": 2}, {"batch_size": 2, "keep_reset_steps": False}],
+    ids=["sync", "async", "async-same-step"],
+)
+def test_a_non_finite_value_raises_naming_its_sub_env_in_every_mode(
+    monkeypatch, mlp: Callable, mode: dict, what: str
+) -> None:
+    # EnvPool cannot restart one sub-env, so a NaN reward or an infinite observation
+    # raises (async mode recorded both silently); the steps before it are kept. A huge
+    # finite observation (its square overflows) is recorded as it came.
+    from jaxrunner._src.backends.envpool_calls import EnvPoolCalls
+
+    recv, calls = EnvPoolCalls.recv, []
+
+    def spoiled_recv(self):
+        out = recv(self)
+        calls.append(out.env_id.tolist())
+        if len(calls) == 6:  # its second row's value
+            if what == "reward":
+                reward = np.array(out.reward, np.float64)
+                reward[1] = np.nan
+                return out._replace(reward=reward)
+            obs = np.array(out.obs)
+            obs[1, 2] = np.inf if what == "obs" else 3e38
+            return out._replace(obs=obs)
+        return out
+
+    monkeypatch.setattr(EnvPoolCalls, "recv", spoiled_recv)
+    envs = _envpool(4, **mode)
+    policy = mlp(envs.single_action_space)
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, 8, seed=SEED) as runner:
+        if what == "huge obs":
+            traj = runner.sample()
+            assert (traj.next_obs == np.float32(3e38)).sum() == 1
+            return
+        with pytest.raises(jr.errors.InvalidStepError, match="non-finite") as caught:
+            runner.sample()
+    assert f"sub-env {calls[5][1]}" in str(caught.value)
+    partial = caught.value.partial_trajectory
+    assert partial is not None and np.isfinite(partial.reward).all()
+    assert np.isfinite(partial.obs).all() and np.isfinite(partial.next_obs).all()
+
+
 def test_default_sends_in_the_background() -> None:
     """By default (keep_reset_steps), send hands EnvPool the actions at once (the runner records
     them while EnvPool steps) and recv answers them: the same steps as step_batch on a

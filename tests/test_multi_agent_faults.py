@@ -426,7 +426,6 @@ def test_random_faults_are_counted_exactly(backend, tmp_path):
     assert log.count("step_failed") <= restarts <= log.count("made") - NUM_ENVS
 
 
-
 def test_random_faults_hit_the_same_calls_on_every_backend(tmp_path):
     # Each env's draws are numbered by its own instances, not by the order in which
     # concurrent workers made them, so a seeded run is the same run on any backend.
@@ -444,6 +443,7 @@ def test_random_faults_hit_the_same_calls_on_every_backend(tmp_path):
     assert sync_counts["step_failed"] >= 3 and sync_counts["reset_failed"] >= 1
     assert process_counts == sync_counts
     chex.assert_trees_all_equal(process_traj, sync_traj)
+
 
 # -- agent episodes cut by a failure: faulty, as single-agent episodes are ----------------------
 

@@ -179,7 +179,6 @@ def test_probability_mode_is_reproducible(tmp_path) -> None:
     assert (log.count("step_failed"), log.count("step_ok")) == (len(hits[0]), 60 - len(hits[0]))
 
 
-
 def test_an_envs_draws_do_not_depend_on_the_other_envs_made_before_it(tmp_path) -> None:
     # Workers make their envs concurrently, in any order: env seed 11's faults must be
     # the same whether seed 12's env was made into the same log before it or not.
@@ -190,6 +189,7 @@ def test_an_envs_draws_do_not_depend_on_the_other_envs_made_before_it(tmp_path) 
     after = FaultyEnv(CountingEnv(episode_length=100), [plan], shared, seed=11)
     assert _nan_steps(after, 60) == _nan_steps(alone, 60) == _draws(11, 0, 0.3, 60)
     assert shared.count("made") == 2
+
 
 def test_faulty_env_fns_per_env_faults_and_pickling() -> None:
     plan = FaultPlan(kind="raise", at=(1,))

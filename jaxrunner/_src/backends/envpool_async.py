@@ -23,7 +23,8 @@ from jaxrunner._src.backends.envpool_calls import (
 )
 from jaxrunner._src.backends.steps import BatchStep, EnvIds, block_rows
 from jaxrunner._src.backends.vector_infos import ResetInfos, SplitInfos
-from jaxrunner.errors import InvalidArgumentError
+from jaxrunner._src.space_arrays.checks import nonfinite_observations
+from jaxrunner.errors import InvalidArgumentError, InvalidStepError
 
 
 class EnvPoolAsyncVectorEnv(VectorEnv):
@@ -146,7 +147,26 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         answered = np.asarray(out.env_ids)
         self._in_flight[answered] = False
         self._num_in_flight -= len(answered)
+        self._check_finite(out, answered)
         return out
+
+    def _check_finite(self, out: BatchStep, ids: np.ndarray) -> None:
+        """A NaN or infinite reward or observation raises, naming its sub-env, as in sync
+        mode (EnvPool cannot restart one sub-env)."""
+        reward = out.reward
+        if not np.isfinite(reward).all():
+            row = int(np.flatnonzero(~np.isfinite(reward))[0])
+            raise InvalidStepError(
+                f"the wrapped {type(self.env).__name__} returned a non-finite reward "
+                f"({reward[row]}) for sub-env {ids[row]}; expected finite floats."
+            )
+        space, n = self.single_observation_space, len(ids)
+        for obs in (out.next_obs,) if out.obs is out.next_obs else (out.obs, out.next_obs):
+            leaves = (obs,) if type(obs) is np.ndarray else space_arrays.leaves(obs)
+            for leaf in leaves:
+                if leaf.dtype.kind == "f" and not np.isfinite(leaf).all():
+                    bad = nonfinite_observations(space, obs, 0, n, "step", where=lambda i: ids[i])
+                    raise bad[min(bad)]
 
     def step_batch(self, actions: Any, rows: slice | None = None) -> BatchStep:
         """One lockstep step of envs ``rows`` (None: all; whole batches, none in flight):
