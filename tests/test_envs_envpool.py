@@ -491,3 +491,49 @@ def test_bench_builds_a_workloads_envpool_port() -> None:
         assert system.measure(0.05)["steps_per_s"] > 0
     finally:
         system.close()
+
+
+@pytest.mark.parametrize("keep_reset_steps", [True, False])
+def test_async_envs_are_free_for_the_next_runner_after_evaluate_and_stop(
+    keep_reset_steps: bool,
+) -> None:
+    """``evaluate`` leaves its envs open, free for the next evaluation, and
+    ``stop(close_envs=False)`` frees them for another runner: in async mode too, where
+    the runner steps envs up to a sample ahead (they were left in flight, so the next
+    runner's reset was refused, "envs [...] are still stepping"). The second evaluation
+    gives the first one's episodes, and a runner after ``stop(close_envs=False)`` samples
+    what one on fresh envs samples."""
+
+    def apply_fn(params: object, obs: jax.Array, carry: object, keys: jax.Array) -> tuple:
+        return (obs[:, 2] > 0).astype(np.int32), {}, carry
+
+    policy = jr.Policy(apply_fn)
+    mode = {"batch_size": 2, "keep_reset_steps": keep_reset_steps}
+    with closing(_envpool(4, 9, **mode)) as envs:
+        first, again = (
+            jr.evaluate(envs, policy, {}, 6, deterministic=False, seed=SEED, rollout_length=4)
+            for _ in range(2)
+        )
+        np.testing.assert_array_equal(again.returns, first.returns)
+        np.testing.assert_array_equal(again.lengths, first.lengths)
+        runner = jr.EnvRunner(envs, policy, {}, rollout_length=6, seed=SEED)
+        runner.sample()
+        runner.stop(close_envs=False)
+        with jr.EnvRunner(envs, policy, {}, rollout_length=6, seed=SEED) as runner:
+            traj = runner.sample()
+    with jr.EnvRunner(_envpool(4, 9, **mode), policy, {}, rollout_length=6, seed=SEED) as fresh:
+        expected = fresh.sample()
+    assert_trees_equal(
+        (traj.obs, traj.action, traj.next_obs, traj.valid),
+        (expected.obs, expected.action, expected.next_obs, expected.valid),
+    )
+
+
+def test_async_reset_gives_envpools_infos_as_sync_mode() -> None:
+    """The infos are EnvPool's in every mode: gymnasium's ``reset`` of async mode gives
+    each sub-env's reset info as sync mode does (it gave ``{}`` for every env)."""
+    with closing(_envpool(4, seed=SEED)) as sync, closing(_envpool(4, batch_size=2)) as env:
+        expected, got = sync.reset(seed=SEED)[1], env.reset(seed=SEED)[1]
+    assert "env_id" in expected and sorted(got) == sorted(expected)
+    for key in ("env_id", "elapsed_step", "_env_id", "_elapsed_step"):
+        np.testing.assert_array_equal(got[key], expected[key], key)

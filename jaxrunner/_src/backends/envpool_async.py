@@ -67,7 +67,8 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
             any_order=True,
         )
         self.task_id = task_id
-        self.env = self._build([seed + i for i in range(num_envs)])
+        self._seeds = [seed + i for i in range(num_envs)]  # the pool's, as last built
+        self.env = self._build(self._seeds)
         self._calls = EnvPoolCalls(self.env)  # EnvPool's C++ calls, without its Python layer
         self.num_envs, self.batch_size = num_envs, batch_size
         space_arrays.check_supported(self.env.observation_space, "single_observation_space")
@@ -105,19 +106,38 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
                 "are still stepping; recv() their results first, or build a new vector env."
             )
         if not all(s is None for s in seeds):  # the seed is fixed when the pool is built
-            old, self.env = self.env, self._build(every_seed(seeds))
-            self._calls = EnvPoolCalls(self.env)
-            old.close()
+            self._rebuild(every_seed(seeds))
         self._awaiting_reset[:] = False
         self._final_infos.clear()
         self._ended[:] = False
         self.env.async_reset()
-        seen = 0
+        seen, infos = 0, [{} for _ in range(self.num_envs)]
         while seen < self.num_envs:
             out = self._calls.recv()
             space_arrays.copy_into(self.single_observation_space, self._obs, out.obs, out.env_id)
+            split = SplitInfos(out.info, len(out.env_id))  # EnvPool's, as in sync mode
+            for row, env in enumerate(out.env_id.tolist()):
+                infos[env] = split[row]
             seen += len(out.env_id)
-        return self._obs, [{} for _ in range(self.num_envs)]
+        return self._obs, infos
+
+    def _rebuild(self, seeds: list[int]) -> None:
+        """A new pool of sub-env seeds ``seeds``, the old one closed (with whatever it had
+        in flight): a new, unreset pool, as ``make_vec`` builds one."""
+        old, self.env = self.env, self._build(seeds)
+        self._seeds, self._calls = seeds, EnvPoolCalls(self.env)
+        old.close()
+
+    def drop_in_flight(self) -> None:
+        """Drops the steps sent and not yet received (a runner handing its envs back
+        open: it steps envs up to a sample ahead), by building the pool again; the envs
+        are then as ``make_vec`` left them, to be reset before they step. EnvPool's
+        ``recv`` waits for ``batch_size`` envs, so fewer in flight cannot be received."""
+        if self._num_in_flight and self._closed_reason is None:
+            self._rebuild(self._seeds)
+            self._in_flight[:] = self._awaiting_reset[:] = self._ended[:] = False
+            self._num_in_flight = 0
+            self._final_infos.clear()
 
     def reset_at(
         self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None

@@ -361,6 +361,8 @@ class EnvRunner:
             self._ownership.release()
             if close_envs:
                 self.envs.close()
+            elif hasattr(self.envs, "drop_in_flight"):  # EnvPool async: steps a sample ahead
+                self.envs.drop_in_flight()
 
     def close(self) -> None:
         """:meth:`stop`, closing the envs (the name gymnasium and Python users reach for)."""
