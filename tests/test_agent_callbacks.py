@@ -168,6 +168,63 @@ def test_a_callback_may_set_params_while_the_runner_samples():
             assert runner.sample().num_steps == 7
 
 
+def constant_action_policy() -> jr.Policy:
+    """Every agent slot takes action ``params["a"]``."""
+    import jax.numpy as jnp
+
+    def apply_fn(params, obs, carry, keys):
+        return jnp.full((keys.shape[0],), params["a"], jnp.int32), {}, carry
+
+    return jr.Policy(apply_fn)
+
+
+@pytest.mark.parametrize("kind", ["gymnasium", "parallel", "aec"])
+def test_params_set_by_a_callback_while_it_samples_apply_from_the_next_sample(kind):
+    """What must hold: set_params called from a per-step hook leaves the running sample
+    on the params it started with (the same on every kind of env and whatever the
+    pipelining splits: a split's next action may already be computed) and applies from
+    the next sample() on, as EnvRunner.set_params documents."""
+    pytest.importorskip("pettingzoo")
+    import jax.numpy as jnp
+
+    from tests.multi_agent_envs import make_kind
+
+    class SwitchesOnce(jr.multi_agent.AgentCallbacks):
+        def __init__(self) -> None:
+            self.switched = False
+
+        def on_episode_step(self, runner, env_index, episode) -> None:
+            if not self.switched and env_index == 0 and episode.length == 2:
+                runner.set_params({"a": jnp.array(1, jnp.int32)}, runner.policy_ids[0])
+                self.switched = True
+
+    actions = {}
+    for num_splits in (1, 2):
+        envs = make_kind(kind, 2)
+        zero = {"a": jnp.array(0, jnp.int32)}
+        runner = jr.EnvRunner(
+            envs, constant_action_policy(), zero, 6, seed=0, callbacks=SwitchesOnce(),
+            num_splits=num_splits,
+        )  # fmt: skip
+        with runner:
+            samples = [jax.device_get(runner.sample()) for _ in range(2)]
+        acted = []
+        for traj in samples:
+            if kind == "gymnasium":
+                acted.append(np.asarray(traj.action)[traj.valid])
+                continue
+            group = traj.groups[runner.policy_ids[0]]
+            valid = np.asarray(group.valid).copy()
+            if kind == "aec" and traj is samples[1]:  # its first transition: an earlier turn's
+                valid &= np.cumsum(valid, axis=0) > 1
+            acted.append(np.asarray(group.action)[valid])
+        assert (acted[0] == 0).all(), (kind, num_splits, acted[0])
+        assert acted[1].size and (acted[1] == 1).all(), (kind, num_splits, acted[1])
+        actions[num_splits] = acted
+    for got, want in zip(actions[2], actions[1]):
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("call", ["sample", "save", "restore", "stop"])
 def test_the_runner_refuses_calls_from_its_own_hooks_while_it_samples(call, tmp_path):
     class Reenters(jr.Callbacks):

@@ -333,3 +333,49 @@ def test_connectors_that_do_not_fit_a_group_name_its_policy_id():
     with pytest.raises(InvalidArgumentError, match="nothing to normalize") as info:
         per_policy_connectors(C.Connectors(obs=[C.NormalizeObservation()]), [group])
     assert "for policy 'p'" in "".join(info.value.__notes__)
+
+
+def random_actions(n: int) -> jr.Policy:
+    """Random actions of ``n``, whatever the observation (the same with and without
+    connectors)."""
+
+    def apply_fn(params, obs, carry, keys):
+        return jax.vmap(lambda k: jax.random.randint(k, (), 0, n))(keys), {}, carry
+
+    return jr.Policy(apply_fn)
+
+
+@pytest.mark.parametrize("backend", ["sync", "process"])
+@pytest.mark.parametrize("kind", envs_mod.HOST_KINDS)
+def test_a_failed_sample_keeps_its_steps_with_the_connectors_extras(kind, backend):
+    """What must hold: err.partial_trajectory is the first steps of the sample as a
+    sample returns them, connectors' extras included (scaled_reward, policy_next_obs),
+    equal to those of the run the fault did not break, on every kind and backend."""
+    from jaxrunner.testing import FaultPlan, faulty_env_fns
+
+    base = {"gymnasium": jr.testing.CountingEnv, "parallel": envs_mod.coming_and_going,
+            "aec": envs_mod.relay}[kind]  # fmt: skip
+    config = {"config": jr.ProcessConfig(num_workers=2)} if backend == "process" else {}
+
+    def run(faults: Any) -> Any:
+        envs = jr.make_vec(faulty_env_fns(base, 3, faults=faults), 3, backend, **config)
+        conn = C.Connectors(obs=[C.NormalizeObservation()], reward=C.ScaleReward())
+        with jr.EnvRunner(envs, random_actions(2), {}, 5, seed=0, connectors=conn) as runner:
+            runner.sample()
+            try:
+                return jax.device_get(runner.sample()), None
+            except jr.errors.EnvError as err:
+                return None, err.partial_trajectory
+
+    whole, _ = run(())
+    _, partial = run({1: [FaultPlan(at=(8,))]})  # the second sample's 3rd step (or less)
+    assert partial is not None and 0 < partial.num_steps < 5
+
+    def parts(traj: Any) -> list[Any]:
+        return [traj] if isinstance(traj, jr.Trajectory) else list(traj.groups.values())
+
+    for got, want in zip(parts(partial), parts(whole.time_slice(0, partial.num_steps))):
+        assert sorted(got.extras) == sorted(want.extras)
+        assert {"scaled_reward", "policy_next_obs"} <= set(got.extras)
+        jr.testing.assert_trees_equal(got.extras, want.extras, "extras")
+        jr.testing.assert_trees_equal(got.reward, want.reward, "reward")

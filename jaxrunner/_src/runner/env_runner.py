@@ -230,9 +230,12 @@ class EnvRunner:
 
     def set_params(self, params: Params, policy_id: str | None = None) -> None:
         """Replaces the params of policy ``policy_id`` (``None``: the runner's one policy);
-        takes effect at the next step and never recompiles. The new params must have the
-        structure, shapes and dtypes of the old ones."""
-        self._ownership.check_usable("set_params", while_sampling=True)  # a callback may: next step
+        takes effect at the next :meth:`sample` and never recompiles. Called from a
+        callback while a sample runs, it leaves that sample on the params it started with
+        (every env and agent alike, whatever the pipelining splits). The new params must
+        have the structure, shapes and dtypes of the old ones."""
+        # A callback may call it while sampling: the next sample() takes the new params.
+        self._ownership.check_usable("set_params", while_sampling=True)
         if isinstance(params, str) and params in self.state.params and policy_id is not None:
             warnings.warn(
                 f"{type(self).__name__}.set_params(policy_id, params) is the old order; call "

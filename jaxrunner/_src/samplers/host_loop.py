@@ -151,7 +151,8 @@ class HostLoop:
                 self._run_lockstep(params, ro, perf, progress)
         except BaseException as err:
             done = self._steps_done()
-            attach_partial(err, self._close(ro, done) if done else None)
+            # The steps before it as a sample's (the connectors' extras too).
+            attach_partial(err, self._finish(self._close(ro, done)) if done else None)
             raise
         finally:
             self.metrics.sample_time_s += perf_counter() - start_time
@@ -160,7 +161,7 @@ class HostLoop:
             self._live.detach()
         if self.ready_first is not None:
             self.ready_first.finish()
-        traj = self._close(ro, self.rollout_length)
+        traj = self._finish(self._close(ro, self.rollout_length))
         if self._infos is not None:  # misspelt info_keys, once an episode has ended
             ended = traj.env_done.any() or any(g.done.any() for g in traj.groups.values())
             try:
@@ -168,7 +169,9 @@ class HostLoop:
             except InvalidArgumentError as err:
                 attach_partial(err, traj)
                 raise
-        return self._end_sample(traj)
+        if not self._one_agent:  # (a single agent's view goes out, and comes back)
+            self._pool.hand_out(traj)
+        return traj
 
     def _run_lockstep(
         self,
@@ -289,10 +292,11 @@ class HostLoop:
             ro.level.valid[index] &= ~reset
             ro.resets[index] = reset  # type: ignore[index]
 
-    def _end_sample(self, traj: MultiAgentTrajectory) -> MultiAgentTrajectory:
+    def _finish(self, traj: MultiAgentTrajectory) -> MultiAgentTrajectory:
         """The groups' connectors' per-sample part (statistics, scaled rewards, what the
-        policy would see of each next_obs), timed as sampling."""
-        if self._one_agent:  # its view's, on [T, B]; its view goes out (and comes back)
+        policy would see of each next_obs) on ``traj`` (a sample, or the steps before a
+        failure), timed as sampling."""
+        if self._one_agent:  # its view's, on [T, B] (OneAgentSampler.finish)
             return traj
         clock = perf_counter()
         groups = dict(traj.groups)
@@ -302,9 +306,7 @@ class HostLoop:
                 groups[pid], connectors = gs.sample_end(gs.state.connectors, groups[pid], cut)
                 gs.state = gs.state.replace(connectors=connectors)
         self.metrics.sample_time_s += perf_counter() - clock
-        traj = traj.replace(groups=groups)
-        self._pool.hand_out(traj)
-        return traj
+        return traj.replace(groups=groups)
 
     def release(self, traj: MultiAgentTrajectory) -> None:
         """Takes back ``traj`` (a sample's result the caller is done with) for reuse."""

@@ -79,17 +79,22 @@ class OneAgentSampler:
             group_traj = self._loop.sample({self._pid: params}, progress)
         except BaseException as err:
             partial = getattr(err, "partial_trajectory", None)
-            if isinstance(partial, MultiAgentTrajectory):
-                err.partial_trajectory = self._stored(partial)  # type: ignore[attr-defined]
+            if isinstance(partial, MultiAgentTrajectory):  # as a sample's, connectors' too
+                err.partial_trajectory = self._finish(self._stored(partial))  # type: ignore[attr-defined]
             raise
-        traj = self._stored(group_traj)
+        traj = self._finish(self._stored(group_traj))
+        self._out.add(traj, self._reused(traj), group_traj)  # dropped: the loop's stay out
+        return traj
+
+    def _finish(self, traj: Trajectory) -> Trajectory:
+        """The connectors' per-sample part, on ``[T, B]`` (a sample, or the steps before a
+        failure), timed as sampling."""
         gs = self._group
-        if gs.sample_end is not None:  # the connectors' per-sample part, on [T, B]
+        if gs.sample_end is not None:
             clock = time.perf_counter()
             traj, connectors = gs.sample_end(gs.state.connectors, traj)
             gs.state = gs.state.replace(connectors=connectors)  # type: ignore[union-attr]
             self.metrics.sample_time_s += time.perf_counter() - clock
-        self._out.add(traj, self._reused(traj), group_traj)  # dropped: the loop's stay out
         return traj
 
     def release(self, traj: Trajectory) -> None:
