@@ -150,8 +150,7 @@ class HostLoop:
             else:
                 self._run_lockstep(params, ro, perf, progress)
         except BaseException as err:
-            done = self._steps_done()
-            # The steps before it as a sample's (the connectors' extras too).
+            done = self._steps_done()  # those steps as a sample's, connectors' extras too
             attach_partial(err, self._finish(self._close(ro, done)) if done else None)
             raise
         finally:
@@ -294,9 +293,8 @@ class HostLoop:
 
     def _finish(self, traj: MultiAgentTrajectory) -> MultiAgentTrajectory:
         """The groups' connectors' per-sample part (statistics, scaled rewards, what the
-        policy would see of each next_obs) on ``traj`` (a sample, or the steps before a
-        failure), timed as sampling."""
-        if self._one_agent:  # its view's, on [T, B] (OneAgentSampler.finish)
+        policy would see of each next_obs) on a sample or a failed one's steps, timed."""
+        if self._one_agent:  # its view's, on [T, B] (OneAgentSampler._finish)
             return traj
         clock = perf_counter()
         groups = dict(traj.groups)
