@@ -4,6 +4,7 @@ recorded agent episodes checked exactly against what the env itself returned."""
 from __future__ import annotations
 
 import gc
+import threading
 import time
 from typing import Any
 
@@ -465,3 +466,47 @@ def test_a_single_agent_env_is_the_one_agent_case():
 def test_a_config_of_another_type_is_refused_by_name():
     with pytest.raises(InvalidArgumentTypeError, match=r"^MultiAgentExternalEnv\(config=\.\.\.\)"):
         make_env(ComingAndGoing(), config={"max_batch": 4})  # AttributeError before
+
+
+@pytest.mark.parametrize("multi_agent", [False, True])
+def test_close_wakes_sample_episodes_and_refuses_it_after(multi_agent):
+    # close() makes every later call raise ClosedError, so no episode can end after it: a
+    # learner waiting in sample_episodes must be woken with ClosedError at once (not sleep
+    # out its timeout, forever with None, then blame the timeout), and a sample_episodes
+    # after close() is refused the same way on both kinds; episodes held are still taken.
+    if multi_agent:
+        env = make_env(ComingAndGoing())
+        pz = ComingAndGoing()
+        obs, _ = pz.reset(seed=0)
+        final = {a: obs[a] for a in pz.agents}
+    else:
+        game = gymnasium.make("CartPole-v1")
+        policy = mlp_policy(game.action_space, hidden=(8,))
+        params = policy.init(jax.random.key(0), game.observation_space)
+        env = ExternalEnv(game.observation_space, game.action_space, policy, params)
+        obs = final = game.reset(seed=0)[0]
+    with env:
+        eid = env.start_episode()
+        env.get_action(eid, obs)
+        env.end_episode(eid, final)
+        waited: dict[str, Any] = {}
+
+        def learner() -> None:
+            started = time.monotonic()
+            try:
+                env.sample_episodes(5, timeout_s=20)
+            except Exception as err:
+                waited["error"] = err
+            waited["s"] = time.monotonic() - started
+
+        thread = threading.Thread(target=learner, daemon=True)
+        thread.start()
+        time.sleep(0.2)
+        env.close()
+        thread.join(timeout=10)
+        assert not thread.is_alive(), "sample_episodes slept on after close()"
+        assert waited["s"] < 10 and isinstance(waited["error"], ClosedError), waited
+        assert "sample_episodes(5)" in str(waited["error"])
+        with pytest.raises(ClosedError, match=r"sample_episodes\(5\): the env is closed"):
+            env.sample_episodes(5, timeout_s=0.1)
+        assert len(env.sample_episodes(1, timeout_s=0.1)) == 1  # what ended before is taken

@@ -557,3 +557,31 @@ def test_constant_policy_params_reach_remote_clients(served):
         env.set_params({"a": jnp.int32(1)})
         assert int(client.get_action(eid, zeros)) == 1
         assert env.get_metrics()["num_traces"] == 1
+
+
+@pytest.mark.parametrize("inference", ["remote", "local"])
+def test_a_closed_client_refuses_every_call_alike_whatever_its_inference(inference):
+    # After close() every call of a PolicyClient raises the same ClosedError, naming the
+    # client and the fix, whether it computes actions on the server or itself: local
+    # inference must not answer with its private env's error ("create a new LocalEnv").
+    env = make_env(max_batch=8, buckets=(8,))
+    obs = np.zeros(4, np.float32)
+    with env, PolicyServer(env, require_token=False) as server:
+        client = PolicyClient(server.url, inference=inference, policy=POLICY)
+        eid = client.start_episode()
+        client.get_action(eid, obs)
+        client.close()
+        calls = {
+            "start_episode": lambda: client.start_episode(),
+            "get_action": lambda: client.get_action(eid, obs),
+            "log_action": lambda: client.log_action(eid, obs, 0),
+            "log_returns": lambda: client.log_returns(eid, 1.0),
+            "end_episode": lambda: client.end_episode(eid, obs),
+        }
+        for name, call in calls.items():
+            with pytest.raises(errors.ClosedError) as info:
+                call()
+            assert str(info.value) == (
+                "PolicyClient: called after close(); create a new client."
+            ), name
+        assert env.get_metrics()["num_env_steps"] == 0  # nothing reported after close

@@ -288,3 +288,37 @@ def test_end_episode_stacks_off_the_event_loop(monkeypatch):
                 assert post(server.url, f"/v1/episodes/{eid}/report", body).status_code == 200
     assert len(threads) == 2
     assert "jaxrunner-server" not in threads  # the thread running the event loop
+
+
+def test_a_request_with_no_answer_raises_a_jaxrunner_error_that_says_if_retrying_is_safe():
+    # A request that times out or cannot connect raises PolicyServerError (httpx's own
+    # ReadTimeout/ConnectError before), naming the request and whether a retry is safe,
+    # httpx's error chained. As it says for get_action: the step whose answer never came
+    # is taken back, so the retry records the one step.
+    from gated_policy import when_idle as retry_while_busy
+
+    env = make_env(action_timeout_s=30)
+    gated = GatedPolicy(env)
+    with env, PolicyServer(env, require_token=False) as server:
+        url = server.url
+        with jr.serve.PolicyClient(url, timeout_s=0.5) as client:
+            eid = client.start_episode()
+            gated.gate.clear()
+            with pytest.raises(jr.serve.PolicyServerError) as info:
+                client.get_action(eid, OBS)
+            gated.gate.set()
+            err = info.value
+            assert (err.status, err.code) == (0, "timeout")
+            assert isinstance(err.__cause__, httpx.TimeoutException)
+            assert f"POST /v1/episodes/{eid}/action" in str(err) and "retry" in str(err)
+            wait_for(lambda: env.get_metrics()["num_dropped_steps"] == 1)
+            retry_while_busy(lambda: client.get_action(eid, OBS))
+            client.log_returns(eid, 1.0)
+            client.end_episode(eid, OBS)
+        assert one_episode(env).length == 1
+    with pytest.raises(jr.serve.PolicyServerError) as info:
+        jr.serve.PolicyClient(url, timeout_s=5)  # the server is gone
+    err = info.value
+    assert (err.status, err.code) == (0, "network_error")
+    assert isinstance(err.__cause__, httpx.ConnectError)
+    assert "GET /v1/spaces" in str(err) and "never sent" in str(err)

@@ -169,6 +169,7 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
 
         Raises:
             TimeoutError: fewer ended within ``timeout_s`` (none are taken then).
+            ClosedError: fewer are held and the env is (or gets) closed: none can end.
         """
         check_int(
             f"{type(self).__name__}.sample_episodes",
@@ -179,7 +180,7 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
         )
         where = f"{type(self).__name__}.sample_episodes"
         check_number(where, "timeout_s", timeout_s, hint="seconds", none="to wait forever")
-        return self._output.take(num_episodes, timeout_s)
+        return self._output.take(num_episodes, timeout_s, type(self).__name__)
 
     def retract_action(self, episode_id: int, future: concurrent.futures.Future) -> bool:
         """The actions of ``future`` (from ``submit_action`` or ``submit_log_action``)
@@ -198,11 +199,13 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
 
     def close(self) -> None:
         """Stops the batchers and the reaper; live episodes stay unfinished (counted in
-        ``num_live_episodes``) and later calls raise ``ClosedError``."""
+        ``num_live_episodes``) and later calls raise ``ClosedError`` (a waiting
+        ``sample_episodes`` too; ``poll_episodes`` still takes the episodes held)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+        self._output.close()  # no call can end an episode now: wakes sample_episodes
         for batcher in self._batchers.values():
             batcher.close()
         self._stop_reaper.set()

@@ -8,7 +8,7 @@ from typing import Generic, TypeVar
 
 from jaxrunner._src.core.episode import EpisodeSpan
 from jaxrunner._src.services.external.memory import MemoryBudget, episode_nbytes
-from jaxrunner.errors import ActionTimeoutError
+from jaxrunner.errors import ActionTimeoutError, ClosedError
 
 E = TypeVar("E", bound=EpisodeSpan)
 
@@ -22,6 +22,7 @@ class EpisodeOutput(Generic[E]):
         self._ready = threading.Condition(lock)
         self._memory = memory
         self._max_episodes = max_episodes
+        self._closed = False  # no call can end an episode any more
 
     def put(self, episode: E) -> int:
         """Adds ``episode``; returns the steps dropped to make room."""
@@ -42,12 +43,31 @@ class EpisodeOutput(Generic[E]):
             self._memory.output = 0
             return episodes
 
-    def take(self, num_episodes: int, timeout_s: float | None) -> list[E]:
-        """Waits until ``num_episodes`` are held and takes them (none on a timeout)."""
+    def close(self) -> None:
+        """No more episodes will end: wakes the waiters of :meth:`take`."""
         with self._ready:
-            if not self._ready.wait_for(lambda: len(self._episodes) >= num_episodes, timeout_s):
+            self._closed = True
+            self._ready.notify_all()
+
+    def take(self, num_episodes: int, timeout_s: float | None, owner: str) -> list[E]:
+        """Waits until ``num_episodes`` are held and takes them (none on a timeout, or
+        once :meth:`close` says no more will come)."""
+        with self._ready:
+
+            def done() -> bool:
+                return len(self._episodes) >= num_episodes or self._closed
+
+            self._ready.wait_for(done, timeout_s)
+            held = len(self._episodes)
+            if held < num_episodes and self._closed:
+                raise ClosedError(
+                    f"{owner}.sample_episodes({num_episodes}): the env is closed, only {held} "
+                    "episodes are held and no more can end; take them with poll_episodes(), "
+                    f"or create a new {owner}."
+                )
+            if held < num_episodes:
                 raise ActionTimeoutError(
-                    f"sample_episodes({num_episodes}): only {len(self._episodes)} episodes "
+                    f"sample_episodes({num_episodes}): only {held} episodes "
                     f"ended within {timeout_s} s."
                 )
             taken = [self._episodes.popleft() for _ in range(num_episodes)]

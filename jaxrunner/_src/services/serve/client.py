@@ -129,22 +129,22 @@ class PolicyClient(ClientCore):
 
     def start_episode(self, episode_id: int | None = None, training_enabled: bool = True) -> int:
         eid = super().start_episode(episode_id, training_enabled)
-        if self._local is not None:
-            self._local.start_episode(eid, training_enabled)
+        if (local := self._local_env()) is not None:
+            local.start_episode(eid, training_enabled)
         return eid
 
     def get_action(self, episode_id: int, obs: Any) -> Any:
         """The policy's action for ``obs``."""
-        if self._local is not None:
-            return self._local.get_action(episode_id, obs)
+        if (local := self._local_env()) is not None:
+            return local.get_action(episode_id, obs)
         body = {"obs": self._encode(self.observation_space, obs, "obs")}
         out = self._call("POST", f"/v1/episodes/{episode_id}/action", body, fields=("action",))
         return self._decode(self.action_space, out["action"], "action")
 
     def log_action(self, episode_id: int, obs: Any, action: Any) -> None:
         """Records an action chosen elsewhere."""
-        if self._local is not None:
-            self._local.log_action(episode_id, obs, action)
+        if (local := self._local_env()) is not None:
+            local.log_action(episode_id, obs, action)
             return
         body = {
             "obs": self._encode(self.observation_space, obs, "obs"),
@@ -156,8 +156,8 @@ class PolicyClient(ClientCore):
         self, episode_id: int, reward: float, info: dict[str, Any] | None = None
     ) -> None:
         """Adds ``reward`` to the latest action's reward."""
-        if self._local is not None:
-            self._local.log_returns(episode_id, reward, info)
+        if (local := self._local_env()) is not None:
+            local.log_returns(episode_id, reward, info)
             return
         checks.check_reward(reward, "reward")  # as the env checks them
         checks.check_info(info)  # as the env checks it; never stored, so not sent
@@ -177,12 +177,12 @@ class PolicyClient(ClientCore):
         truncated = check_bool("end_episode", "truncated", truncated)  # as the env in process
         obs = check_value(self.observation_space, obs, "obs")
         encoded_obs = wire.encode_tree(self.observation_space, obs)
-        if self._local is None:
+        if (local := self._local_env()) is None:
             body = {"obs": encoded_obs, "truncated": truncated}
             self._call("POST", f"/v1/episodes/{episode_id}/end", body)
             return
-        self._local.end_episode(episode_id, obs, truncated=truncated)
-        episode = self._local.ended.pop(episode_id)
+        local.end_episode(episode_id, obs, truncated=truncated)
+        episode = local.ended.pop(episode_id)
         report = EpisodeReport(
             self._http,
             self.observation_space,
@@ -201,6 +201,12 @@ class PolicyClient(ClientCore):
         super().close()
 
     # -- internals ----------------------------------------------------------------------------
+
+    def _local_env(self) -> LocalEnv | None:
+        """The env of local inference (None: remote), once the client is known open: a
+        closed client refuses a call as a remote one does, not as its private env."""
+        self._check_open()
+        return self._local
 
     def _pull_params(self) -> tuple[Params | None, int]:
         """The server's params and their version (None: unchanged since

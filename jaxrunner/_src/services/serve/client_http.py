@@ -65,6 +65,55 @@ class ReportError(PolicyServerError):
         self.ended_on_server = ended_on_server
 
 
+class NoAnswerError(PolicyServerError):
+    """A request got no answer (``status`` 0): the connection failed (``code``
+    ``network_error``) or the answer took longer than the client's ``timeout_s``
+    (``timeout``); httpx's error is its ``__cause__``."""
+
+    @classmethod
+    def of(cls, err: httpx.TransportError, method: str, path: str) -> NoAnswerError:
+        request = f"{method} {path}"
+        if isinstance(err, (httpx.ConnectError, httpx.ConnectTimeout)):
+            return cls(
+                f"{request}: could not connect to the server ({err!r}); the request was never "
+                "sent, so retrying it is safe. Is the server running at this URL?",
+                0,
+                "network_error",
+            )
+        code = "timeout" if isinstance(err, httpx.TimeoutException) else "network_error"
+        what = "took longer than the client's timeout_s" if code == "timeout" else "failed"
+        return cls(
+            f"{request}: the answer {what} ({err!r}); the server may have acted on it. "
+            + _retry_advice(method, path),
+            0,
+            code,
+        )
+
+
+def _retry_advice(method: str, path: str) -> str:
+    """Whether retrying ``method path`` that may have reached the server is safe."""
+    call = path.rsplit("/", 1)[-1]
+    if method == "GET":
+        return "It changes nothing on the server: retrying it is safe."
+    if path == "/v1/episodes":
+        return (
+            "Retrying starts another episode (one started by this request is ended by the "
+            "server's reaper after episode_timeout_s; with an episode_id, the retry answers "
+            "409 if it was started)."
+        )
+    if call in ("action", "log_action"):
+        return (
+            "The server takes back a step whose answer did not reach the client, so retrying "
+            "is safe once the server has noticed (until then the retry answers 409: wait and "
+            "retry); only an answer already sent as the client gave up stays recorded."
+        )
+    if call == "returns":
+        return "The reward may have been added: retrying it may add it twice."
+    if call in ("end", "end_agents"):
+        return "Retrying is safe: it answers 410 (EpisodeNotFoundError, ended=True) if it ended."
+    return "Whether it was recorded is unknown: retrying it may record it twice."
+
+
 MAX_ANSWER_BYTES = 32 << 20
 """The default bound on one answer of the server (a client's ``max_answer_bytes``)."""
 
@@ -139,20 +188,23 @@ def request_json(
     :func:`raise_for` does, or as :class:`PolicyServerError` (``answer_too_large``,
     ``invalid_answer``)."""
     headers = None if content is None else {"Content-Type": "application/json"}
-    with http.stream(
-        method, path, json=body, content=content, params=params, headers=headers
-    ) as response:
-        data = bytearray()
-        for chunk in response.iter_bytes():  # decoded: a compressed answer is bounded too
-            data += chunk
-            if len(data) > max_bytes:
-                raise PolicyServerError(
-                    f"the server's answer to {path} is longer than max_answer_bytes="
-                    f"{max_bytes}; it was not read whole. Raise the client's "
-                    "max_answer_bytes if the server is yours (params of a large policy).",
-                    response.status_code,
-                    "answer_too_large",
-                )
+    try:
+        with http.stream(
+            method, path, json=body, content=content, params=params, headers=headers
+        ) as response:
+            data = bytearray()
+            for chunk in response.iter_bytes():  # decoded: a compressed answer is bounded too
+                data += chunk
+                if len(data) > max_bytes:
+                    raise PolicyServerError(
+                        f"the server's answer to {path} is longer than max_answer_bytes="
+                        f"{max_bytes}; it was not read whole. Raise the client's "
+                        "max_answer_bytes if the server is yours (params of a large policy).",
+                        response.status_code,
+                        "answer_too_large",
+                    )
+    except httpx.TransportError as err:
+        raise NoAnswerError.of(err, method, path) from err
     if response.status_code >= 400:
         try:
             answer = parse_answer(bytes(data), response.status_code, path)
@@ -247,10 +299,7 @@ class ClientCore:
         fields: tuple[str, ...] = (),
     ) -> Any:
         """The server's answer, a JSON object with ``fields`` (else ``invalid_answer``)."""
-        if self._http.is_closed:
-            raise errors.ClosedError(
-                f"{type(self).__name__}: called after close(); create a new client."
-            )
+        self._check_open()
         return request_json(
             self._http,
             method,
@@ -260,6 +309,13 @@ class ClientCore:
             max_bytes=self.max_answer_bytes,
             fields=fields,
         )
+
+    def _check_open(self) -> None:
+        """Raises ``ClosedError`` after :meth:`close`: every call checks it first."""
+        if self._http.is_closed:
+            raise errors.ClosedError(
+                f"{type(self).__name__}: called after close(); create a new client."
+            )
 
     @staticmethod
     def _encode(space: spaces.Space, value: Any, name: str, *, bounds: bool = True) -> Any:

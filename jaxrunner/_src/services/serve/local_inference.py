@@ -16,6 +16,7 @@ from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.services.external import AgentRecord, ExternalEnv
 from jaxrunner._src.services.serve import wire
 from jaxrunner._src.services.serve.client_http import (
+    NoAnswerError,
     PolicyServerError,
     ReportError,
     request_json,
@@ -69,12 +70,7 @@ class EpisodeReport:
             body = self.report_body(steps[start:stop], tail if stop == length else "}")
             try:
                 request_json(self.http, "POST", f"/v1/episodes/{episode_id}/report", content=body)
-            except errors.JaxRunnerError as err:  # the server answered: nothing recorded
-                if isinstance(err, PolicyServerError) and err.status == 413 and stop - start > 1:
-                    budget = max(1, min(budget, len(body)) // 2)
-                    continue  # the guard refused it before reading: nothing recorded
-                self.abandon(episode_id, episode, start, err)
-            except httpx.HTTPError as err:  # unknown whether the chunk arrived
+            except (NoAnswerError, httpx.HTTPError) as err:  # unknown whether the chunk arrived
                 raise ReportError(
                     f"reporting episode {episode_id} failed after {start} of {length} steps "
                     f"({err!r}); whether the last chunk arrived is unknown, so the server's "
@@ -86,6 +82,11 @@ class EpisodeReport:
                     steps_reported=start,
                     ended_on_server=False,
                 ) from err
+            except errors.JaxRunnerError as err:  # the server answered: nothing recorded
+                if isinstance(err, PolicyServerError) and err.status == 413 and stop - start > 1:
+                    budget = max(1, min(budget, len(body)) // 2)
+                    continue  # the guard refused it before reading: nothing recorded
+                self.abandon(episode_id, episode, start, err)
             if stop == length:
                 return
             start = stop
