@@ -137,6 +137,19 @@ def test_jaxmarl_mpe_runs_and_keeps_every_agent_valid():
     assert metrics["num_agent_steps"] == 3 * metrics["num_env_steps"]
 
 
+def test_a_jaxmarl_box_whose_shape_is_one_int_is_a_1d_box():
+    """JaxMARL's Box takes its shape as one int too (Hanabi's observation space has
+    shape=np.int64(658)): it must convert to the 1-D gymnasium Box, not fail with a raw
+    TypeError while the env is adapted."""
+    jaxmarl = pytest.importorskip("jaxmarl")
+    from jaxmarl.environments.spaces import Box
+
+    space = jr.multi_agent.to_gymnasium_space(Box(0.0, 1.0, np.int64(4), jnp.float32))
+    assert space == spaces.Box(0.0, 1.0, (4,), np.float32)
+    envs = jr.JaxVectorEnv(jaxmarl.make("hanabi"), num_envs=2)  # traced only: no compute
+    assert [g.observation_space.shape for g in envs.groups] == [(658,)]
+
+
 def test_jaxmarl_mpe_with_connectors_keeps_statistics_of_every_agent_observation():
     jaxmarl = pytest.importorskip("jaxmarl")
     from jaxrunner import connectors as C

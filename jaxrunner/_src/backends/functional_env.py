@@ -147,7 +147,8 @@ def to_gymnasium_space(
     if hasattr(space, "n") and not hasattr(space, "low"):
         return spaces.Discrete(int(space.n))
     if all(hasattr(space, a) for a in ("low", "high", "shape")):
-        shape = tuple(space.shape)
+        # A JaxMARL Box may give its shape as one int (e.g. Hanabi's): a 1-D shape.
+        shape = tuple(np.atleast_1d(space.shape).astype(int).tolist())
         dtype = np.dtype(getattr(space, "dtype", np.float32))
         low = np.broadcast_to(np.asarray(space.low, dtype=dtype), shape)
         high = np.broadcast_to(np.asarray(space.high, dtype=dtype), shape)
