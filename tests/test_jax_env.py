@@ -8,6 +8,8 @@ where its episode ended, resets with fold_in(fold_in(root(2), n), i).
 
 from __future__ import annotations
 
+import types
+
 import chex
 import flax.struct
 import jax
@@ -416,6 +418,15 @@ def test_bad_input_errors():
     # Called by hand, the refusal names the function, not a class that was not used.
     with pytest.raises(TypeError, match=r"^to_gymnasium_space: cannot convert space \(3\)"):
         jr.multi_agent.to_gymnasium_space(3)
+    # An integer Box whose bounds its dtype cannot hold (JaxMARL's storm_np: uint8 up to
+    # 1e9) is refused by name: a Python int bound raised numpy's OverflowError, a numpy
+    # float one wrapped silently into another space.
+    for high in (10**9, np.float32(1e9)):
+        box = types.SimpleNamespace(low=0, high=high, shape=(2,), dtype=np.uint8)
+        with pytest.raises(InvalidArgumentError, match=r"dtype uint8, which holds \[0, 255\]"):
+            jr.multi_agent.to_gymnasium_space(box)
+    fits = types.SimpleNamespace(low=0, high=255, shape=(2,), dtype=np.uint8)
+    assert jr.multi_agent.to_gymnasium_space(fits) == spaces.Box(0, 255, (2,), np.uint8)
     venv = jr.JaxVectorEnv(RandomWalk(), None, 2)
     with pytest.raises(InvalidArgumentError, match="no per-env objects"):
         venv.get_sub_environments()

@@ -150,8 +150,17 @@ def to_gymnasium_space(
         # A JaxMARL Box may give its shape as one int (e.g. Hanabi's): a 1-D shape.
         shape = tuple(np.atleast_1d(space.shape).astype(int).tolist())
         dtype = np.dtype(getattr(space, "dtype", np.float32))
-        low = np.broadcast_to(np.asarray(space.low, dtype=dtype), shape)
-        high = np.broadcast_to(np.asarray(space.high, dtype=dtype), shape)
+        bounds = [np.asarray(space.low), np.asarray(space.high)]
+        if dtype.kind in "iu":  # a bound the dtype cannot hold would wrap, or raise raw
+            info = np.iinfo(dtype.name)
+            if any(b.size and (b.min() < info.min or b.max() > info.max) for b in bounds):
+                raise InvalidArgumentError(
+                    f"{caller}: {where} is a Box of dtype {dtype}, which holds "
+                    f"[{info.min}, {info.max}], with bounds outside it (low {space.low!r:.40}, "
+                    f"high {space.high!r:.40}); fix the env's space. For a gymnax env, pass "
+                    "observation_space=/action_space= as gymnasium spaces."
+                )
+        low, high = (np.broadcast_to(b.astype(dtype), shape) for b in bounds)
         return spaces.Box(low, high, shape, dtype)
     raise InvalidArgumentTypeError(
         f"{caller}: cannot convert {where} ({space!r:.80}) to a gymnasium space; "
