@@ -23,8 +23,9 @@ from jaxrunner._src.backends.envpool_calls import (
 )
 from jaxrunner._src.backends.steps import BatchStep, EnvIds, block_rows
 from jaxrunner._src.backends.vector_infos import ResetInfos, SplitInfos
+from jaxrunner._src.backends.wrapped_outputs import check_finite_rewards
 from jaxrunner._src.space_arrays.checks import nonfinite_observations
-from jaxrunner.errors import InvalidArgumentError, InvalidStepError
+from jaxrunner.errors import InvalidArgumentError
 
 
 class EnvPoolAsyncVectorEnv(VectorEnv):
@@ -173,13 +174,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
     def _check_finite(self, out: BatchStep, ids: np.ndarray) -> None:
         """A NaN or infinite reward or observation raises, naming its sub-env, as in sync
         mode (EnvPool cannot restart one sub-env)."""
-        reward = out.reward
-        if not np.isfinite(reward).all():
-            row = int(np.flatnonzero(~np.isfinite(reward))[0])
-            raise InvalidStepError(
-                f"the wrapped {type(self.env).__name__} returned a non-finite reward "
-                f"({reward[row]}) for sub-env {ids[row]}; expected finite floats."
-            )
+        check_finite_rewards(out.reward, type(self.env).__name__, ids)
         space, n = self.single_observation_space, len(ids)
         for obs in (out.next_obs,) if out.obs is out.next_obs else (out.obs, out.next_obs):
             leaves = (obs,) if type(obs) is np.ndarray else space_arrays.leaves(obs)

@@ -13,6 +13,18 @@ from jaxrunner._src import space_arrays
 from jaxrunner.errors import EnvError, InvalidArgumentError, InvalidStepError, SpaceMismatchError
 
 
+def check_finite_rewards(reward: np.ndarray, name: str, env_ids: Any = None) -> None:
+    """Raises naming the first sub-env (its row, or ``env_ids[row]``) whose reward from
+    the wrapped ``name`` is NaN or infinite."""
+    finite = np.isfinite(reward)
+    if not finite.all():
+        row = int(np.flatnonzero(~finite)[0])
+        raise InvalidStepError(
+            f"the wrapped {name} returned a non-finite reward ({reward[row]}) for sub-env "
+            f"{row if env_ids is None else env_ids[row]}; expected finite floats."
+        )
+
+
 class WrappedOutputs:
     """The calls into ``env`` and the checked stores of what it returns, for an adapter
     that keeps its own observation, reward and flag buffers."""
@@ -73,12 +85,7 @@ class WrappedOutputs:
                 f"{reward.shape}; expected {n} real numbers."
             )
         self._reward[:] = reward
-        if not np.isfinite(self._reward).all():
-            bad = int(np.flatnonzero(~np.isfinite(self._reward))[0])
-            raise InvalidStepError(
-                f"the wrapped {name} returned a non-finite reward ({self._reward[bad]}) for "
-                f"sub-env {bad}; expected finite floats."
-            )
+        check_finite_rewards(self._reward, name)
         for flag, dst in (("terminated", self._terminated), ("truncated", self._truncated)):
             value = terminated if flag == "terminated" else truncated
             if not isinstance(value, np.ndarray) or value.dtype != np.bool_ or value.shape != (n,):
