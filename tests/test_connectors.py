@@ -496,3 +496,20 @@ def test_a_state_without_the_reward_connectors_state_is_refused_by_name():
     flags = jnp.zeros((1, 2), bool)
     with pytest.raises(InvalidArgumentError, match="ScaleReward has no state"):
         conn.finish_sample(without, None, None, None, jnp.zeros((1, 2)), flags, flags, ~flags)
+
+
+def test_the_extras_are_zero_at_a_slot_without_a_transition_as_for_agent_slots():
+    """A slot that holds no transition (here a failed, restarted sub-env; EnvPool's reset
+    steps in test_envs_envpool_services.py) has nothing to learn or bootstrap from: its
+    extras are zero, as at an agent's invalid slot. ``policy_next_obs`` there mixed the
+    ended episode's frames with the next one's first observation."""
+    fns = jr.testing.faulty_env_fns(short_cartpole, 3, {1: [jr.testing.FaultPlan(at=(5,))]})
+    envs = jr.SyncVectorEnv(fns, restart_policy=jr.RestartPolicy(backoff_s=0.0))
+    conn = C.Connectors(obs=[C.FrameStack(num_frames=3)], reward=C.ScaleReward())
+    with make_runner(envs, conn, rollout_length=12) as runner:
+        traj = jax.device_get(runner.sample())
+    invalid = ~traj.valid
+    assert invalid.any() and traj.valid.any()
+    for name in ("policy_next_obs", "scaled_reward"):
+        assert not np.any(traj.extras[name][invalid]), name
+    assert np.any(traj.extras["policy_next_obs"][traj.valid])

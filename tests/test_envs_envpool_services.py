@@ -253,3 +253,4 @@ def test_frame_stack_restarts_at_the_first_step_after_a_reset_slot(
             if hand["term"][t, i] or hand["trunc"][t, i]:
                 final = np.concatenate([stack[1:], hand["next_obs"][t, i][None]])
                 np.testing.assert_array_equal(after[t, i], final, f"env {i} step {t}")
+    assert not after[~hand["valid"]].any()  # no transition at a reset slot: zero

@@ -193,7 +193,8 @@ class Connectors:
         Trajectory and the state for the next sample. An invalid slot is, without
         ``gaps``, a failed step that cut its episode (seen truncated); with ``gaps``
         (agent slots, :func:`finish_group_sample`), an agent that completed no transition
-        there: its episode goes on across it, and statistics skip it."""
+        there: its episode goes on across it, and statistics skip it. The extras are zero
+        at invalid slots: no transition, so nothing to bootstrap from or learn."""
         extras: dict[str, Any] = {}
         if self.obs:
             x = next_obs
@@ -214,7 +215,9 @@ class Connectors:
             c.end_sample(s, obs if i == 0 else None, **extra)
             for i, (c, s) in enumerate(zip(self._obs_connectors, state.obs))
         )
-        return extras, ConnectorsState(obs_states, reward_state)
+        return jax.tree.map(lambda x: _zero_where_invalid(x, valid), extras), ConnectorsState(
+            obs_states, reward_state
+        )
 
     # -- state by name ---------------------------------------------------------------------------
 
@@ -303,6 +306,11 @@ class Connectors:
         return state.reward
 
 
+def _zero_where_invalid(x: jax.Array, valid: jax.Array) -> jax.Array:
+    mask = jnp.reshape(valid, valid.shape + (1,) * (jnp.ndim(x) - valid.ndim))
+    return jnp.where(mask, x, jnp.zeros((), x.dtype))
+
+
 def _snake(connector: object) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", type(connector).__name__).lower()
 
@@ -312,17 +320,11 @@ def finish_group_sample(
 ) -> tuple[dict[str, Any], ConnectorsState]:
     """:meth:`Connectors.finish_sample` for one agent group's ``[T, B, A_g, ...]`` arrays
     (``valid`` last), its agent slots as rows and invalid slots as gaps; the extras come
-    back ``[T, B, A_g, ...]``, zero at invalid slots."""
-    valid = inputs[-1]
-    t, b, a = valid.shape
+    back ``[T, B, A_g, ...]``."""
+    t, b, a = inputs[-1].shape
 
     def rows(x: Any) -> jax.Array:
         return jnp.reshape(x, (t, b * a, *jnp.shape(x)[3:]))
 
     extras, state = connectors.finish_sample(state, *jax.tree.map(rows, inputs), gaps=True)
-
-    def back(x: jax.Array) -> jax.Array:
-        x = x.reshape(t, b, a, *x.shape[2:])
-        return jnp.where(valid.reshape(t, b, a, *([1] * (x.ndim - 3))), x, jnp.zeros((), x.dtype))
-
-    return jax.tree.map(back, extras), state
+    return jax.tree.map(lambda x: x.reshape(t, b, a, *x.shape[2:]), extras), state
