@@ -126,6 +126,28 @@ def test_training_disabled_episodes_count_but_are_not_output(external):
     assert after["num_training_episodes"] == before["num_training_episodes"]
 
 
+def test_an_episode_ended_before_any_action_counts_in_neither_kind():
+    """No transition, no episode: the runners never give one, and the multi-agent env
+    never counted one. ExternalEnv counted it (length 0, return 0) in ``num_episodes``
+    and the means."""
+    obs = np.zeros(OBS_SPACE.shape, OBS_SPACE.dtype)
+    space = {"a": OBS_SPACE}
+    policy = mlp_policy(ACTION_SPACE, hidden=(8,))
+    params = {"policy_0": policy.init(jax.random.key(0), OBS_SPACE)}
+    with (
+        make_external() as one,
+        jr.multi_agent.MultiAgentExternalEnv(space, {"a": ACTION_SPACE}, policy, params) as many,
+    ):
+        for env, final in ((one, obs), (many, {"a": obs})):
+            before = env.get_metrics()
+            env.end_episode(env.start_episode(), final)
+            after = env.get_metrics()
+            assert env.poll_episodes() == []
+            for key in ("num_episodes", "num_env_steps", "num_training_episodes"):
+                assert after[key] == before[key], (type(env).__name__, key)
+            assert after["num_started_episodes"] == before["num_started_episodes"] + 1
+
+
 class ConstantPolicy:
     """action = params["a"] for every row; extras log_prob 0."""
 

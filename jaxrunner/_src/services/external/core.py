@@ -278,7 +278,6 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
         agents: Sequence[str],
         what: str,
         steps: int = 0,
-        from_start: bool = False,
     ) -> int:
         """Reserves ``steps`` more steps of each of ``agents`` (returned) and makes the
         records of those not yet in ``live``; nothing changes if they do not fit."""
@@ -295,7 +294,6 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
                 agent_id=agent,
                 policy_id=pid,
                 index=self._agent_index[agent],
-                from_start=from_start,
             )
         return reserved
 

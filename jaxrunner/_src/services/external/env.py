@@ -67,7 +67,7 @@ class ExternalEnv(ExternalEnvCore[Episode]):
         super().__init__([group], {AGENT: policy}, {AGENT: params}, seed, config)
 
     def _opened(self, live: EpisodeRecord) -> None:
-        self._join(live, [AGENT], "start_episode", from_start=True)  # in it from its start
+        self._join(live, [AGENT], "start_episode")  # in it from its start
 
     def get_action(self, episode_id: int, obs: Any) -> Any:
         """The policy's action for ``obs`` (on-policy). Blocks until computed.
@@ -185,8 +185,8 @@ class ExternalEnv(ExternalEnvCore[Episode]):
         """Counters since construction and recent-episode statistics.
 
         Keys: ``num_env_steps`` (completed transitions, training or not),
-        ``num_episodes`` (ended, training or not; from ``num_episodes`` on, the
-        same recent-window statistics as EnvRunner's), ``num_training_episodes``,
+        ``num_episodes`` (ended after an action, training or not; from ``num_episodes``
+        on, the same recent-window statistics as EnvRunner's), ``num_training_episodes``,
         ``num_live_episodes``, ``num_started_episodes``, ``num_abandoned_episodes``
         (ended by the reaper), ``num_dropped_steps`` (also ``num_undelivered_actions``:
         actions computed or asked for that never reached their agent, never recorded),

@@ -44,9 +44,6 @@ class AgentRecord:
     agent_id: str = ""
     policy_id: str = ""
     index: int = 0  # in possible_agents (for its action keys)
-    # In the episode from its start (an ExternalEnv's agent): it ends as an episode even
-    # with no step. Other agents join at first mention and have none if they never act.
-    from_start: bool = False
     obs: list[Any] = dataclasses.field(default_factory=list)
     actions: list[Any] = dataclasses.field(default_factory=list)
     extras: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
@@ -75,8 +72,9 @@ class AgentRecord:
 
     @property
     def ends_as_episode(self) -> bool:
-        """Whether ending it gives an episode."""
-        return self.from_start or self.num_actions > 0
+        """Whether ending it gives an episode: only after an action (an episode without a
+        transition is none, as the runners never give one)."""
+        return self.num_actions > 0
 
     def record(
         self,

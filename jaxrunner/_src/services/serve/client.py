@@ -182,7 +182,7 @@ class PolicyClient(ClientCore):
             self._call("POST", f"/v1/episodes/{episode_id}/end", body)
             return
         local.end_episode(episode_id, obs, truncated=truncated)
-        episode = local.ended.pop(episode_id)
+        episode = local.ended.pop(episode_id, None)  # None: no step, or not stacked
         report = EpisodeReport(
             self._http,
             self.observation_space,

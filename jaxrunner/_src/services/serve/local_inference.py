@@ -28,7 +28,7 @@ class LocalEnv(ExternalEnv):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.ended: dict[int, Episode | None] = {}
+        self.ended: dict[int, Episode | None] = {}  # of the episodes with a step
 
     def start_episode(
         self, episode_id: int | None = None, training_enabled: bool = True, *, client: str = "local"
