@@ -162,6 +162,48 @@ def test_observations_outside_their_box_read_back_as_written(datasets_path, samp
     np.testing.assert_array_equal(jr.from_minari("jr/wide/obs-v0")[0].obs, wide.obs)
 
 
+def test_an_extras_name_with_a_slash_is_refused_not_read_back_nested(datasets_path, sampled):
+    # An info entry named "a/b" (info_keys="all") is stored by Minari as groups a, b:
+    # from_minari would return {"a": {"b": ...}}, not what was sampled.
+    episode = sampled[0][0]
+    flag = np.ones(episode.length, np.float64)
+    tagged = episode.replace(extras={**episode.extras, "infos": {"stats/ok": flag}})
+    with pytest.raises(ValueError, match=r"extras entry \['infos'\]\['stats/ok'\].*'/'"):
+        jr.to_minari([tagged], "jr/slash/refused-v0", **_spaces(sampled))
+    assert "jr/slash/refused-v0" not in minari.list_local_datasets()
+
+
+class ActionInInfo(gymnasium.Wrapper):
+    """Reports the action the env received, as info["received"]."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, reward, terminated, truncated, {**info, "received": float(action[0])}
+
+
+def test_rescaled_actions_are_stored_as_the_env_received_them(datasets_path) -> None:
+    from jaxrunner import connectors as C
+
+    def pendulum():
+        return ActionInInfo(gymnasium.make("Pendulum-v1", max_episode_steps=9))
+
+    envs = jr.make_vec(pendulum, num_envs=2)
+    connectors = C.Connectors(action=[C.RescaleActions.for_space(envs.single_action_space)])
+    policy = jr.models.mlp_policy(envs.single_action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, 8, seed=0, connectors=connectors,
+                      info_keys=("received",)) as runner:  # fmt: skip
+        episodes = runner.sample_episodes(2)
+        spaces = _spaces((episodes, runner.get_spaces()))
+    jr.to_minari(episodes, "jr/rescaled/actions-v0", connectors=connectors, **spaces)
+    for got, episode in zip(jr.from_minari("jr/rescaled/actions-v0"), episodes):
+        received = episode.extras["infos"]["received"].astype(np.float32)
+        np.testing.assert_array_equal(got.action[:, 0], received)
+        assert np.abs(received).max() > 1.0  # the policy's [-1, 1] scale would differ
+    with pytest.raises(TypeError, match=r"to_minari\(connectors=3\): expected None or"):
+        jr.to_minari(episodes, "jr/rescaled/refused-v0", connectors=3, **spaces)
+
+
 def test_agent_episodes_are_refused_by_name(datasets_path, sampled) -> None:
     from jaxrunner._src.core.episode import as_agent_episode
 

@@ -7,11 +7,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.arg_checks import check_dict, check_space, is_int
+from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.core.episode import AgentEpisode, Episode
 from jaxrunner._src.services.datasets.episode_check import EpisodeCheck, import_minari
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
@@ -26,6 +28,7 @@ def to_minari(
     env: str | None = None,
     seeds: Mapping[int, int] | None = None,
     include_faulty: bool = False,
+    connectors: Connectors | None = None,
     **metadata: Any,
 ) -> Any:
     """Writes ``episodes`` as the Minari dataset ``dataset_id`` and returns it (a
@@ -33,7 +36,8 @@ def to_minari(
 
     The dataset lands in ``$MINARI_DATASETS_PATH`` (default ``~/.minari/datasets``);
     Minari refuses an existing ``dataset_id``. Actions are stored as the env received them
-    (Box actions clipped, cast to the space's dtype), observations losslessly.
+    (through ``connectors``' action connectors, Box actions clipped, cast to the space's
+    dtype), observations losslessly.
 
     Args:
         episodes: complete episodes, e.g. from ``runner.sample_episodes(n)``.
@@ -47,6 +51,10 @@ def to_minari(
         include_faulty: also write episodes cut by a failure of their env
             (``Episode.faulty``; stored as truncated; those cut before their first step
             hold no transition and are left out). Left out by default.
+        connectors: the runner's ``Connectors`` where it has action connectors
+            (``RescaleActions``): an episode keeps the policy's actions, and these map
+            them to what the env received. Without them, such episodes are stored with
+            the policy's actions.
         **metadata: passed to ``minari.create_dataset_from_buffers`` (e.g.
             ``algorithm_name``, ``author``, ``description``).
 
@@ -54,7 +62,8 @@ def to_minari(
         InvalidArgumentError: an episode is not complete (not seen from its reset,
             or not finished), is an ``AgentEpisode``, or does not fit the spaces (the
             check :func:`from_minari` makes on reading, made before anything is
-            written); a seed is not an int >= 0. A write that fails leaves no dataset
+            written); an ``extras`` entry's name holds a ``/`` (it would read back
+            nested); a seed is not an int >= 0. A write that fails leaves no dataset
             behind.
         InvalidArgumentTypeError: a space is not a gymnasium space, or an item of
             ``episodes`` not an Episode.
@@ -65,6 +74,12 @@ def to_minari(
     check_space("to_minari", "observation_space", observation_space)
     check_space("to_minari", "action_space", action_space)
     clip = space_arrays.clip_box_actions(action_space)
+    if connectors is not None and not isinstance(connectors, Connectors):
+        raise InvalidArgumentTypeError(
+            f"to_minari(connectors={connectors!r:.80}): expected None or the runner's "
+            "jaxrunner.connectors.Connectors."
+        )
+    to_env = connectors.env_action if connectors is not None and connectors.action else None
     seeds = check_dict("to_minari", "seeds", seeds, "e.g. {0: 42}: episode id -> its reset seed")
     seeds = dict(seeds or {})
     for key, seed in seeds.items():
@@ -96,7 +111,11 @@ def to_minari(
                 f"{episode.terminated}, truncated={episode.truncated}); a dataset holds "
                 "whole episodes. Collect them with runner.sample_episodes(n)."
             )
-        action = episode.action if clip is None else clip(episode.action)
+        _check_extras_names(episode)
+        action = episode.action
+        if to_env is not None:  # the policy's actions, as the env received them
+            action = jax.device_get(to_env(jax.tree.map(jnp.asarray, action)))
+        action = action if clip is None else clip(action)
         fields = {
             "observations": jax.tree.map(np.asarray, episode.obs),
             "actions": space_arrays.as_space_dtypes(action_space, action),
@@ -130,6 +149,23 @@ def to_minari(
         if not existed and get_dataset_path(dataset_id).exists():  # half written
             minari.delete_dataset(dataset_id)
         raise
+
+
+def _check_extras_names(episode: Episode) -> None:
+    """Refuses an extras key with a "/": Minari's HDF5 storage reads it as a path, so it
+    would come back as nested dicts ({"a": {"b": ...}} for "a/b"), not as written."""
+    for path, _ in jax.tree_util.tree_flatten_with_path(dict(episode.extras))[0]:
+        keys = [str(getattr(p, "key", "")) for p in path]
+        bad = next((k for k in keys if "/" in k), None)
+        if bad is not None:
+            where = "".join(f"[{k!r}]" for k in keys[: keys.index(bad) + 1])
+            raise InvalidArgumentError(
+                f"to_minari: episode {episode.episode_id} of env {episode.env_id} has the "
+                f"extras entry {where}, whose name holds a '/'; Minari stores it as nested "
+                "groups, so it would read back as another structure. Rename it, or leave it "
+                "out (episode.replace(extras=...)); for an info entry, name the ones to "
+                "keep in EnvRunner(info_keys=...)."
+            )
 
 
 def _final_flag(length: int, value: bool) -> np.ndarray:
