@@ -265,6 +265,23 @@ def test_bench_output_paths_are_checked_before_measuring(capsys, monkeypatch, tm
     assert f"wrote {tmp_path / 'fig.png'}" in capsys.readouterr().err
 
 
+def test_bench_output_paths_inside_a_file_are_refused_before_measuring(
+    capsys, monkeypatch, tmp_path
+):
+    """``--out a_file/bench.json`` measured for minutes, then died in ``mkdir`` with a
+    FileExistsError traceback, the report lost."""
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setattr(bench, "run", lambda *a: pytest.fail("measured"))
+    for flag, name in (("--out", "bench.json"), ("--plot", "bench.png")):
+        path = tmp_path / "a_file" / "sub" / name
+        assert cli.main(["bench", flag, str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err == (
+            f"jaxrunner bench: {flag} {path}: {tmp_path / 'a_file'} is a file, not a folder; "
+            f"give a path in a folder, e.g. {tmp_path / name}.\n"
+        )
+
+
 def test_bench_refuses_an_env_gymnasium_does_not_know_before_measuring(capsys, monkeypatch):
     monkeypatch.setattr(bench, "run", lambda *a: pytest.fail("measured"))
     assert cli.main(["bench", "--env", "NoSuchEnv-v9"]) == 2

@@ -97,6 +97,8 @@ def test_writer_and_flatten_refuse_other_arguments_by_name(tmp_path) -> None:
         jr.MetricsWriter("wandb")
     with pytest.raises(TypeError, match=r"flatten_metrics\(metrics=3\): expected a mapping"):
         jr.flatten_metrics(3)
+    with pytest.raises(TypeError, match=r"flatten_metrics\(metrics=3\): expected a mapping"):
+        jr.MetricsWriter().write(3)  # (AttributeError: 'int' object has no attribute 'get')
     with pytest.raises(
         TypeError, match=r"MetricsWriter\(tensorboard_dir=3\): expected a file path"
     ):
@@ -104,3 +106,6 @@ def test_writer_and_flatten_refuse_other_arguments_by_name(tmp_path) -> None:
     (tmp_path / "a_file").write_text("")  # NotADirectoryError at its first event file before
     with pytest.raises(ValueError, match=r"a_file'\): that is a file; give a folder"):
         jr.MetricsWriter(tensorboard_dir=tmp_path / "a_file")
+    inside = tmp_path / "a_file" / "runs"  # NotADirectoryError from tensorboardX before
+    with pytest.raises(ValueError, match=r"runs'\): .*a_file is a file, not a folder; give a"):
+        jr.MetricsWriter(tensorboard_dir=inside)

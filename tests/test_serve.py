@@ -523,17 +523,41 @@ def test_cli_serve_end_to_end(tmp_path):
         (["--policy", "os:no_such_fn"], r"--policy 'os:no_such_fn': module 'os' has no"),
         (["--policy", "no_colon"], r"--policy 'no_colon': expected MODULE:FUNCTION"),
         (["--token-file", "."], r"token file \. is a folder; give a file's path"),
+        (["--token-file", "a_file/token"], r"a_file is a file, not a folder; give a path"),
     ],
 )
 def test_cli_serve_names_a_bad_flag_in_one_line(flags, message, capsys, tmp_path):
     from jaxrunner._src import cli
 
     if flags[0] == "--token-file":  # (its mode was blamed: "chmod 600" on a folder)
-        flags = ["--token-file", str(tmp_path), "--port", "0"]
-        message = message.replace(r"\.", re.escape(str(tmp_path)))
+        if flags[1] == ".":
+            flags = ["--token-file", str(tmp_path), "--port", "0"]
+            message = message.replace(r"\.", re.escape(str(tmp_path)))
+        else:  # (mkdir raised FileExistsError: a traceback)
+            (tmp_path / "a_file").write_text("")
+            flags = ["--token-file", str(tmp_path / flags[1]), "--port", "0"]
     assert cli.main(["serve", *flags]) == 2  # a traceback before, nothing served
     err = capsys.readouterr().err
     assert re.fullmatch(rf"jaxrunner serve: .*{message}.*\n", err), err
+
+
+def test_cli_serve_names_a_port_in_use_in_one_line(capsys, tmp_path):
+    """A port already in use raised OSError from bind: a traceback, not the flag."""
+    from jaxrunner._src import cli
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        flags = ["--port", str(port), "--token-file", str(tmp_path / "token")]
+        assert cli.main(["serve", *flags]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(
+        rf"jaxrunner serve: PolicyServer: cannot listen on host '127.0.0.1', port {port} "
+        r"\(Address already in use\); pick a free port \(port=0, or --port 0, picks one\) "
+        r"or a host of this machine\.\n",
+        err,
+    ), err
 
 
 def test_constant_policy_params_reach_remote_clients(served):

@@ -93,12 +93,28 @@ def check_path(where: str, name: str, value: Any) -> str:
     return os.fspath(value)
 
 
+def file_above(path: str | os.PathLike[str]) -> str | None:
+    """The nearest existing folder above ``path`` where that is a file (so nothing can be
+    created at ``path``), else None."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    return None if os.path.isdir(parent) else parent
+
+
 def check_not_folder(path: str | os.PathLike[str], said: str, example: str) -> None:
     """Refuses a file ``path`` that is a folder, before anything is written: ``said`` names
-    it (``"token file /x"``), ``example`` is a file name to suggest in it."""
+    it (``"token file /x"``), ``example`` is a file name to suggest in it. A path inside
+    a file (``a_file/x``) is refused too: creating its folder would raise later."""
     if os.path.isdir(path):
         raise InvalidArgumentError(
             f"{said} is a folder; give a file's path, e.g. {os.path.join(path, example)}."
+        )
+    parent = file_above(path)
+    if parent is not None:
+        raise InvalidArgumentError(
+            f"{said}: {parent} is a file, not a folder; give a path in a folder, e.g. "
+            f"{os.path.join(os.path.dirname(parent), example)}."
         )
 
 

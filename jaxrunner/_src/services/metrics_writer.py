@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrunner._src.arg_checks import check_int, check_path, refusal
+from jaxrunner._src.arg_checks import check_int, check_path, file_above, refusal
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, MissingDependencyError
 
 Sink = Callable[..., Any]
@@ -111,6 +111,11 @@ class MetricsWriter:
                     f"MetricsWriter(tensorboard_dir={path!r}): that is a file; give a folder "
                     "(created if missing), where TensorBoard's event files go."
                 )
+            if (above := file_above(path)) is not None:
+                raise InvalidArgumentError(
+                    f"MetricsWriter(tensorboard_dir={path!r}): {above} is a file, not a "
+                    "folder; give a folder's path (created if missing)."
+                )
             try:
                 from tensorboardX import SummaryWriter
             except ImportError as err:
@@ -130,10 +135,11 @@ class MetricsWriter:
             step: the x-axis value; by default ``metrics["num_env_steps"]`` where
                 there is one, else the number of earlier writes.
         """
+        # First: it refuses a non-mapping by name (before .get raises AttributeError).
+        flat = flatten_metrics(metrics, sep=self.sep, prefix=self.prefix)
         if step is None:
             step = int(metrics.get("num_env_steps", self._writes))
         at: int = check_int("MetricsWriter.write", "step", step, low=-math.inf)
-        flat = flatten_metrics(metrics, sep=self.sep, prefix=self.prefix)
         for sink in self.sinks:
             sink(flat, step=at)
         if self._tensorboard is not None:

@@ -83,7 +83,15 @@ class PolicyServer:
         family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
         self._socket = socket.socket(family, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind((config.host, config.port))
+        try:
+            self._socket.bind((config.host, config.port))
+        except OSError as err:  # a port in use, an unknown host: named, not a traceback
+            self._socket.close()
+            raise InvalidArgumentError(
+                f"PolicyServer: cannot listen on host {config.host!r}, port {config.port} "
+                f"({err.strerror or err}); pick a free port (port=0, or --port 0, picks one) "
+                "or a host of this machine."
+            ) from err
         # Listening now: a client given the url before uvicorn starts is queued, not refused.
         self._socket.listen()
         host, port = self._socket.getsockname()[:2]
