@@ -616,6 +616,34 @@ def test_a_multi_agent_sub_env_error_from_a_ray_actor_names_it_as_sync_does():
     assert got["ray"] == got["sync"] and got["sync"][1] == 2
 
 
+def broken_factory() -> Any:
+    raise ValueError("cannot build this sub-env")
+
+
+@pytest.mark.parametrize("kind", ["gymnasium", "pettingzoo"])
+def test_a_sub_env_that_cannot_be_built_in_a_ray_actor_raises_what_sync_raises(kind):
+    """A factory that raises, or unequal spaces, inside an actor: the sync backend's
+    EnvError or SpaceMismatchError, not Ray's ActorDiedError (which keeps only the text
+    of an error raised in an actor's constructor)."""
+    base: Any = functools.partial(CountingEnv, episode_length=3)
+    if kind == "pettingzoo":
+        pytest.importorskip("pettingzoo")
+        base = jr.testing.coming_and_going
+    config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
+    got = {}
+    for backend, kwargs in (("sync", {}), ("ray", {"config": config})):
+        with pytest.raises(jr.errors.EnvError) as caught:
+            jr.make_vec([base, base, broken_factory], 3, backend, **kwargs)
+        got[backend] = _seen(caught.value)
+        assert isinstance(caught.value.__cause__, ValueError)
+    assert got["ray"] == got["sync"] and got["sync"][1] == 2
+    if kind == "gymnasium":  # sub-env 3 differs from sub-env 2, in the same actor
+        fns = [base, base, base, functools.partial(CountingEnv, num_actions=4)]
+        match = r"sub-env 3 has action_space=Discrete\(4\), but sub-env 2 has Discrete\(3\)"
+        with pytest.raises(jr.errors.SpaceMismatchError, match=match):
+            jr.make_vec(fns, 4, "ray", config=config)
+
+
 def test_group_runner_whose_env_raises_is_replaced(group_params, tmp_path):
     config = jr.EnvRunnerGroupConfig(
         num_runners=2,

@@ -55,15 +55,19 @@ def env_spaces(envs: Sequence[Any], offset: int = 0) -> list[tuple[Any, Any]]:
         ) from None
 
 
-def check_equal_spaces(pairs: Sequence[tuple[gymnasium.Space, gymnasium.Space]]) -> None:
-    """Raises unless every sub-env's ``(observation_space, action_space)`` equals sub-env
-    0's, and those are spaces jaxrunner supports."""
+def check_equal_spaces(
+    pairs: Sequence[tuple[gymnasium.Space, gymnasium.Space]], offset: int = 0
+) -> None:
+    """Raises unless every sub-env's ``(observation_space, action_space)`` equals the
+    first's, and those are spaces jaxrunner supports; ``pairs[i]`` is sub-env
+    ``offset + i``."""
     for i, pair in enumerate(pairs):
         for name, expected, got in zip(("observation_space", "action_space"), pairs[0], pair):
             if got != expected:
                 raise SpaceMismatchError(
-                    f"sub-env {i} has {name}={got}, but sub-env 0 has {expected}; every "
-                    "sub-env of a vector env must have equal spaces. Check the factory."
+                    f"sub-env {offset + i} has {name}={got}, but sub-env {offset} has "
+                    f"{expected}; every sub-env of a vector env must have equal spaces. "
+                    "Check the factory."
                 )
     space_arrays.check_supported(pairs[0][0], "single_observation_space")
     space_arrays.check_supported(pairs[0][1], "single_action_space")

@@ -43,7 +43,10 @@ class ActorPool:
         try:
             self.actors = [self._make(u) for u in range(len(self.unit_rows))]
             refs = [a.describe.remote() for a in self.actors]
-            take(self.get_all(refs, self.config.actor_start_timeout_s))
+            described = self.get_all(refs, self.config.actor_start_timeout_s)
+            for u, description in enumerate(described):
+                self.check_built(description, u)
+            take(described)
         except BaseException:
             self.kill_all()
             self.progress.close()
@@ -78,6 +81,8 @@ class ActorPool:
         def attempt() -> Any:
             actor = self._make(u)
             try:
+                timeout = self.config.actor_start_timeout_s
+                self.check_built(self.ray.get(actor.describe.remote(), timeout=timeout), u)
                 first = self.ray.get(
                     actor.reset.remote([None] * (rows.stop - rows.start), None),
                     timeout=self.config.actor_start_timeout_s,
@@ -99,6 +104,13 @@ class ActorPool:
             )
 
         return retry(attempt, policy, cause, give_up)
+
+    def check_built(self, description: Any, u: int) -> None:
+        """Raises what building actor ``u``'s sub-envs raised, if its ``describe()``
+        returned an error (the sync backend's own: EnvError, SpaceMismatchError...)."""
+        if isinstance(description, BaseException):
+            description.add_note(f"jaxrunner: raised in Ray env actor {u} building its sub-envs")
+            raise description
 
     def remote_error(self, err: BaseException, u: int, call: str) -> BaseException:
         """What a failed remote call means: a dead actor (WorkerError) or an error raised

@@ -3,8 +3,9 @@ shared step loop (a ``GymnasiumBlock``, or an ``AgentBlock`` for PettingZoo envs
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import gymnasium
@@ -32,6 +33,16 @@ class ActorBody:
     """What every env actor does with its block of sub-envs beside stepping."""
 
     block: SubEnvBlock
+    failed: BaseException | None = None
+    """What building the sub-envs raised: ``describe()`` returns it in place of the
+    description (Ray keeps only the text of an error an actor's constructor raises)."""
+
+    @contextlib.contextmanager
+    def _building(self) -> Iterator[None]:
+        try:
+            yield
+        except Exception as err:
+            self.failed = err if pickled(err) else RuntimeError(repr(err))
 
     def num_restarts(self) -> int:
         return self.block.num_restarts
@@ -70,23 +81,26 @@ class EnvWorker(ActorBody):
         *,
         progress: SharedMarks | None = None,
     ) -> None:
-        envs = build_envs(env_fns, offset)
-        with closing_on_error(envs):
-            check_equal_spaces(env_spaces(envs, offset))
-        first = envs[0]
-        self.space, self.rows = first.observation_space, slice(offset, offset + len(envs))
-        self._described = (self.space, first.action_space, first.metadata, first.render_mode)
-        self._actions = PerSize(
-            functools.partial(space_arrays.make_action_splitter, first.action_space)
-        )
-        # By global index, as the block writes them (the rows before offset stay untouched).
-        buffers = StepBuffers(self.space, self.rows.stop)
-        self.block = GymnasiumBlock(
-            envs, env_fns, offset, buffers, self.space, restart_policy, attach(progress)
-        )
+        with self._building():
+            envs = build_envs(env_fns, offset)
+            with closing_on_error(envs):
+                check_equal_spaces(env_spaces(envs, offset), offset)
+            first = envs[0]
+            self.space, self.rows = first.observation_space, slice(offset, offset + len(envs))
+            self._described = (self.space, first.action_space, first.metadata, first.render_mode)
+            self._actions = PerSize(
+                functools.partial(space_arrays.make_action_splitter, first.action_space)
+            )
+            # By global index, as the block writes them (the rows before offset stay untouched).
+            buffers = StepBuffers(self.space, self.rows.stop)
+            self.block = GymnasiumBlock(
+                envs, env_fns, offset, buffers, self.space, restart_policy, attach(progress)
+            )
 
-    def describe(self) -> tuple[gymnasium.Space, gymnasium.Space, dict[str, Any], Any]:
-        return self._described
+    def describe(
+        self,
+    ) -> tuple[gymnasium.Space, gymnasium.Space, dict[str, Any], Any] | BaseException:
+        return self._described if self.failed is None else self.failed
 
     def reset(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None
@@ -141,20 +155,21 @@ class AgentEnvWorker(ActorBody):
         *,
         progress: SharedMarks | None = None,
     ) -> None:
-        envs = build_envs(env_fns, offset)
-        with closing_on_error(envs):
-            groups = env_groups(envs[0], policy_mapping_fn)
-            self.block = AgentBlock(
-                envs,
-                groups,
-                offset,
-                fns=env_fns,
-                restart_policy=restart_policy,
-                status=attach(progress),
-            )
+        with self._building():
+            envs = build_envs(env_fns, offset)
+            with closing_on_error(envs):
+                groups = env_groups(envs[0], policy_mapping_fn)
+                self.block = AgentBlock(
+                    envs,
+                    groups,
+                    offset,
+                    fns=env_fns,
+                    restart_policy=restart_policy,
+                    status=attach(progress),
+                )
 
-    def describe(self) -> tuple[tuple[AgentGroup, ...], bool]:
-        return self.block.groups, self.block.turn_based
+    def describe(self) -> tuple[tuple[AgentGroup, ...], bool] | BaseException:
+        return (self.block.groups, self.block.turn_based) if self.failed is None else self.failed
 
     def reset(self, seeds: Sequence[int | None], options: dict[str, Any] | None) -> BlockReply:
         return self._reply(self.block.result(self.block.reset(seeds, options)))
