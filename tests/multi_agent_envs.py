@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from jaxrunner._src.testing.envs import (  # noqa: F401  (re-exported for the tests)
+from jaxrunner._src.testing.envs import (  # (re-exported for the tests)
     ComingAndGoing,
     Relay,
     coming_and_going,
@@ -81,6 +81,63 @@ class ActionBits(BaseParallelWrapper):
         for a, info in infos.items():
             info["bits"] = np.asarray(actions[a]).dtype.itemsize * 8 if a in actions else 0
         return obs, rewards, terms, truncs, infos
+
+
+class NestedActions(BaseParallelWrapper):
+    """ComingAndGoing with a nested action space, ``Dict(move: its Discrete(3), aim:
+    Tuple(Box of shape ()))``; each agent's info reports the action it received."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        from gymnasium import spaces
+
+        aim = spaces.Tuple((spaces.Box(-1.0, 1.0, (), np.float32),))
+        self._space = spaces.Dict({"move": env.action_space("a0"), "aim": aim})
+
+    def action_space(self, agent):
+        return self._space
+
+    def step(self, actions):
+        for a, action in actions.items():
+            assert self._space.contains(action), (a, action)
+        moves = {a: int(action["move"]) for a, action in actions.items()}
+        obs, rewards, terms, truncs, infos = self.env.step(moves)
+        infos = {a: dict(infos.get(a, {})) for a in obs}
+        for a, action in actions.items():
+            infos[a].update(move=moves[a], aim=float(action["aim"][0]))
+        return obs, rewards, terms, truncs, infos
+
+
+def coming_and_going_with_nested_actions():
+    return NestedActions(coming_and_going())
+
+
+class _ActionsFromOne:
+    """The wrapped env's ``Discrete(n)`` actions moved to start at 1: ``Discrete(n,
+    start=1)``, so an action of 0 lies outside the space."""
+
+    def action_space(self, agent):
+        from gymnasium import spaces
+
+        return spaces.Discrete(int(self.env.action_space(agent).n), start=1)
+
+
+class RelayFromOne(_ActionsFromOne, BaseWrapper):
+    def step(self, action):
+        self.env.step(None if action is None else int(action) - 1)
+
+
+class ComingAndGoingFromOne(_ActionsFromOne, BaseParallelWrapper):
+    def step(self, actions):
+        return self.env.step({a: int(v) - 1 for a, v in actions.items()})
+
+
+def relay_from_one():
+    return RelayFromOne(relay())
+
+
+def coming_and_going_from_one():
+    return ComingAndGoingFromOne(coming_and_going())
 
 
 def spread_with_action_bits():

@@ -522,3 +522,50 @@ def test_release_refuses_what_it_did_not_hand_out_multi_agent():
             r.release(traj)
         for t in r.iterate(2, reuse_buffers=True):  # iterate hands each one back
             assert t.groups["policy_0"].valid.shape == (5, 2, 4)
+
+
+@pytest.mark.parametrize("backend", ["sync", "process", "ray"])
+def test_dict_and_tuple_actions_reach_each_agent(backend, request):
+    """A group whose action space is a Dict (a Tuple inside): each acting agent's env
+    gets its own action, picked leaf by leaf from the group's batch, as recorded (every
+    host backend read the batch as one array: an index, a slice, np.asarray)."""
+
+    def apply_fn(params, obs, carry, keys):
+        def one(key):
+            move, aim = jax.random.split(key)
+            return {
+                "move": jax.random.randint(move, (), 0, 3),
+                "aim": (jax.random.uniform(aim, (), minval=-1.0, maxval=1.0),),
+            }
+
+        return jax.vmap(one)(keys), {"log_prob": jnp.zeros(len(keys))}, carry
+
+    config = jr.ProcessConfig(num_workers=2) if backend == "process" else None
+    if backend == "ray":
+        request.getfixturevalue("local_ray").cloudpickle.register_pickle_by_value(envs_mod)
+        config = jr.RayConfig(envs_per_actor=1, num_cpus_per_actor=0.1)
+    vec = jr.make_vec(envs_mod.coming_and_going_with_nested_actions, 2, backend, config=config)
+    runner = jr.EnvRunner(vec, jr.Policy(apply_fn), {}, 8, seed=0, info_keys=["move", "aim"])
+    with runner:
+        group = runner.sample().groups["policy_0"]
+    infos, valid = group.extras["infos"], group.valid
+    assert valid.sum() > 10
+    assert (group.extras["infos_present"]["move"] == valid).all()
+    np.testing.assert_array_equal(infos["move"][valid], group.action["move"][valid])
+    np.testing.assert_array_equal(infos["aim"][valid], group.action["aim"][0][valid])
+
+
+@pytest.mark.parametrize("factory", [envs_mod.coming_and_going_from_one, envs_mod.relay_from_one])
+def test_agents_that_do_not_act_send_actions_inside_a_space_without_zero(factory):
+    """Discrete(n, start=1) actions: an agent that does not act at a step (not there
+    yet, gone, waiting for its turn) still has a row in its group's batch, which the
+    backends check; it holds a value of the space, never the zero the policy step
+    leaves in the rows past its last acting one (``chunk_rows=2``: a few per call)."""
+    vec = jr.make_vec(factory, 2)
+    (group,) = vec.groups
+    policy = jr.models.mlp_policy(group.action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), group.observation_space)
+    with jr.EnvRunner(vec, policy, params, 8, seed=0, chunk_rows=2) as runner:
+        traj = runner.sample().groups[group.policy_id]
+    acted = traj.action[traj.valid]
+    assert len(acted) > 8 and ((acted >= 1) & (acted <= group.action_space.n)).all()

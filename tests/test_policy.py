@@ -860,3 +860,33 @@ def test_a_float16_box_gets_float16_actions_whose_log_prob_is_recorded() -> None
     dist = policy.distribution(params, obs)
     expected = dist.log_prob(jax.numpy.asarray(traj.action.reshape(8, 2)))
     np.testing.assert_allclose(traj.extras["log_prob"].reshape(8), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.int32])
+def test_a_multi_discrete_space_of_any_int_dtype_gets_actions_of_it(dtype) -> None:
+    """MultiDiscrete(..., dtype=uint8): the built-in head's actions are cast to the space's
+    dtype (JAX's int32 does not cast safely to it: the runner refused the policy, which a
+    user of mlp_policy could not change), in range, with their log_prob recorded."""
+    space = spaces.MultiDiscrete([3, 4], start=[1, 0], dtype=dtype)
+
+    class Small(gymnasium.Env):
+        observation_space = spaces.Box(-1, 1, (3,), np.float32)
+        action_space = space
+
+        def reset(self, seed=None, options=None):
+            super().reset(seed=seed)
+            return np.zeros(3, np.float32), {}
+
+        def step(self, action):
+            assert action.dtype == dtype and space.contains(action), action
+            return np.zeros(3, np.float32), 0.0, False, False, {}
+
+    envs = jr.make_vec(Small, 2)
+    policy = jr.models.mlp_policy(envs.single_action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, 4, seed=0) as runner:
+        traj = runner.sample()
+    assert traj.action.dtype == dtype
+    dist = policy.distribution(params, jax.numpy.asarray(traj.obs.reshape(8, 3)))
+    expected = dist.log_prob(jax.numpy.asarray(traj.action.reshape(8, 2)))
+    np.testing.assert_allclose(traj.extras["log_prob"].reshape(8), expected, rtol=1e-6)

@@ -39,6 +39,19 @@ def env_groups(env: Any, policy_mapping_fn: PolicyMappingFn | None) -> tuple[Age
     )
 
 
+class TreeRows:
+    """A Dict or Tuple group's action batch, indexed as an array is: ``rows[b, a]`` is
+    one agent's action, a dict or tuple of its leaves' copies."""
+
+    __slots__ = ("space", "tree")
+
+    def __init__(self, space: Any, tree: Any) -> None:
+        self.space, self.tree = space, tree
+
+    def __getitem__(self, index: Any) -> Any:
+        return space_arrays.take(self.space, self.tree, index)
+
+
 class AgentBlock(SubEnvBlock):
     """PettingZoo sub-envs ``[offset, offset + len(envs))`` (all parallel or all AEC, with
     equal agent ``groups``) stepped into ``[n, A_g, ...]`` group ``buffers`` (None: its
@@ -78,6 +91,14 @@ class AgentBlock(SubEnvBlock):
         self.unassigned_reward = buffers.unassigned_reward
         self._groups_by_id = {g.policy_id: buf for g, buf in zip(self.groups, self.buffers)}
         self._action_rows: list[Any] | None = None  # a block's actions, placed at its rows
+        # The drivers pick an agent's action as batch[b, a]: a Dict or Tuple group's batch
+        # (a dict or tuple of arrays) is read through a view that picks it leaf by leaf.
+        self._tree_spaces = [
+            None if type(g.action_space) in space_arrays.LEAF_TYPES else g.action_space
+            for g in self.groups
+        ]
+        if not any(self._tree_spaces):
+            self._tree_spaces = None
 
     def _check_agents(self, env: Any, index: int) -> None:
         """``env`` (sub-env ``index``, new or recreated) has the block's agents and spaces."""
@@ -138,6 +159,11 @@ class AgentBlock(SubEnvBlock):
         those rows only); returns their infos and the errors by row."""
         if (lo, hi) != (0, len(self.drivers)):  # the drivers read actions at their own row
             actions = self._placed(lo, hi, actions)
+        if self._tree_spaces is not None:
+            actions = [
+                a if space is None else TreeRows(space, a)
+                for space, a in zip(self._tree_spaces, actions)
+            ]
         infos: list[dict[str, Any]] = []
         same_step = not self.turn_based
         part = slice(lo, hi)

@@ -49,6 +49,9 @@ class MultiCategorical(flax.struct.PyTreeNode):
     nvec: tuple[int, ...] = flax.struct.field(pytree_node=False)
     start: tuple[int, ...] = flax.struct.field(pytree_node=False)
     shape: tuple[int, ...] = flax.struct.field(pytree_node=False)
+    # The space's dtype where it is not the default int64 (uint8, int32, ...): the
+    # categoricals' JAX ints would not cast to it safely, and the runner refuses those.
+    action_dtype: Any = flax.struct.field(pytree_node=False, default=None)
 
     def _parts(self) -> list[Categorical]:
         splits = np.cumsum(self.nvec)[:-1].tolist()
@@ -58,7 +61,10 @@ class MultiCategorical(flax.struct.PyTreeNode):
         ]
 
     def _stack(self, parts: list[jax.Array]) -> jax.Array:
-        return jnp.stack(parts, axis=-1).reshape(-1, *self.shape)
+        stacked = jnp.stack(parts, axis=-1).reshape(-1, *self.shape)
+        if self.action_dtype is None:
+            return stacked
+        return stacked.astype(jax.dtypes.canonicalize_dtype(self.action_dtype))
 
     def sample(self, keys: jax.Array) -> jax.Array:
         sub = jax.vmap(lambda k: jax.random.split(k, len(self.nvec)))(keys)
@@ -176,7 +182,9 @@ def make_distribution(
         nvec = tuple(int(n) for n in np.ravel(action_space.nvec))
         starts = tuple(int(s) for s in np.ravel(action_space.start))
         logits = _reshaped(params, (sum(nvec),), "logits")
-        return MultiCategorical(logits, nvec, starts, tuple(action_space.shape))
+        dtype = np.dtype(action_space.dtype)
+        action_dtype = None if dtype == np.int64 else dtype
+        return MultiCategorical(logits, nvec, starts, tuple(action_space.shape), action_dtype)
     if isinstance(action_space, spaces.MultiBinary):
         return Bernoulli(_reshaped(params, tuple(action_space.shape), "logits"))
     if isinstance(action_space, spaces.Box):

@@ -94,6 +94,8 @@ class GroupRows:
                 part_mask = mask if whole or mask is None else mask[sel]
                 for dsts, srcs in zip(leaves[:3], taken):
                     put_rows(dsts, srcs if whole else [x[sel] for x in srcs], (t, envs), part_mask)
+        if mask is not None and gs.fill_idle is not None:
+            env_action = gs.fill_idle(env_action, mask)
         return env_action if gs.clip is None else gs.clip(env_action)
 
     def record(self, out: GroupBuffers, traj: GroupTrajectory, part: RowsPart) -> None:

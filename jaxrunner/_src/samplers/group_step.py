@@ -129,6 +129,7 @@ class GroupSampler:
             tree_leaves(self.pending_obs), tree_leaves(self.pending_action), self.pending_extras
         )  # fmt: skip
         self.clip = space_arrays.clip_box_actions(group.action_space)
+        self.fill_idle = None if one_agent else space_arrays.idle_action_filler(group.action_space)
         self._unrecorded: Any = None  # the actions collect() took, until they are sent
         self.awaiting = np.zeros(shape, np.bool_)  # AEC: last transition not completed yet
         # Agent-episode returns and lengths across samples (for the metrics).
@@ -257,6 +258,8 @@ class GroupSampler:
         if not self.same_step:
             awaiting = self.awaiting[block.rows]
             np.logical_or(awaiting, block.acting, out=awaiting)
+        if mask is not None and self.fill_idle is not None:
+            env_action = self.fill_idle(env_action, mask)
         return env_action if self.clip is None else self.clip(env_action)
 
     def record_actions(self) -> None:

@@ -5,6 +5,7 @@ from jaxrunner._src.space_arrays.actions import action_batch_check as action_bat
 from jaxrunner._src.space_arrays.actions import bad_action_rows as bad_action_rows
 from jaxrunner._src.space_arrays.actions import check_action_batch as check_action_batch
 from jaxrunner._src.space_arrays.actions import check_policy_actions as check_policy_actions
+from jaxrunner._src.space_arrays.actions import idle_action_filler as idle_action_filler
 from jaxrunner._src.space_arrays.actions import passing_batch_test as passing_batch_test
 from jaxrunner._src.space_arrays.buffers import LEAF_TYPES as LEAF_TYPES
 from jaxrunner._src.space_arrays.buffers import allocate as allocate

@@ -176,6 +176,38 @@ def bad_action_rows(space: spaces.Space, actions: Any, num_rows: int) -> Any:
     return bad.reshape(num_rows, -1).any(axis=1)
 
 
+def idle_action_filler(space: spaces.Space) -> Callable[[Any, np.ndarray], Any] | None:
+    """``fill(actions, acting)``: a ``[n, A_g, ...]`` action batch with the rows where
+    ``acting`` (``[n, A_g]``) is False set to the space's first value (``start``), in the
+    ``Discrete`` and ``MultiDiscrete`` parts whose range leaves out 0; None where zeros lie
+    in every part. An agent that does not act sends a row too, and the backends check
+    every row: the policy step leaves the rows past its last acting one zero."""
+    if isinstance(space, (spaces.Dict, spaces.Tuple)):
+        items = list(space.items()) if isinstance(space, spaces.Dict) else list(enumerate(space))
+        fills = {k: idle_action_filler(sub) for k, sub in items}
+        if all(f is None for f in fills.values()):
+            return None
+
+        def fill_tree(actions: Any, acting: np.ndarray) -> Any:
+            out = {k: actions[k] if f is None else f(actions[k], acting) for k, f in fills.items()}
+            return out if isinstance(space, spaces.Dict) else tuple(out[j] for j in range(len(out)))
+
+        return fill_tree
+    if not isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
+        return None
+    low = np.asarray(space.start, np.int64)
+    high = low + np.asarray(space.n if isinstance(space, spaces.Discrete) else space.nvec)
+    if ((low <= 0) & (high > 0)).all():
+        return None
+
+    def fill(actions: Any, acting: np.ndarray) -> Any:
+        actions = np.asarray(actions)
+        mask = acting.reshape(acting.shape + (1,) * (actions.ndim - acting.ndim))
+        return np.where(mask, actions, low.astype(actions.dtype))
+
+    return fill
+
+
 _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 

@@ -262,14 +262,15 @@ class AgentLayout(BlockLayout):
 
     def actions_reader(self, views: Views) -> Callable[[int, int], list[Any]]:
         # Copies: an env may keep its action, and the main process rewrites the buffer.
-        return lambda lo, hi: [np.array(a[lo:hi]) for a in views.action]
+        groups = [(g.action_space, a) for g, a in zip(self.groups, views.action)]
+        return lambda lo, hi: [space_arrays.take(s, a, slice(lo, hi)) for s, a in groups]
 
     def action_check(self, num: int) -> ActionCheck:
         return ActionCheck(self.groups, num)
 
     def write_actions(self, views: Views, actions: Any, lo: int, hi: int) -> None:
-        for dst, src in zip(views.action, actions):
-            dst[lo:hi] = src
+        for group, dst, src in zip(self.groups, views.action, actions):
+            space_arrays.copy_into(group.action_space, dst, src, slice(lo, hi))
 
     def fail_slot(self, views: Views, index: int) -> None:
         # The replacement's sub-envs are reset by then: who acts next is theirs.

@@ -131,7 +131,10 @@ class AgentRows:
         self.checks = PerSize(functools.partial(ActionCheck, self.groups))
 
     def part(self, actions: Sequence[Any], at: slice | np.ndarray) -> list[Any]:
-        return [np.asarray(a)[at] for a in actions]
+        return [
+            space_arrays.map_structure(g.action_space, lambda x: np.asarray(x)[at], a)
+            for g, a in zip(self.groups, actions)
+        ]
 
     def put(self, reply: BlockReply, rows: slice) -> Answer:
         """An actor's reply (its errors by global index) written to ``rows``."""
