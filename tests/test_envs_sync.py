@@ -64,6 +64,26 @@ class TestSyncContract(PettingZooCases, VectorEnvContract):
         return SyncMultiAgentVectorEnv(env_fns, restart_policy=restart_policy)
 
 
+class _IgnoresResetBatchSeeds:
+    """A broken backend: ``reset_batch`` resets every sub-env unseeded."""
+
+    def reset_batch(self, seeds: Sequence[int | None], options: Any = None) -> Any:
+        return super().reset_batch([None] * len(seeds), options)  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("kind", HOST_KINDS)
+def test_the_seeds_contract_test_fails_a_backend_that_ignores_the_seeds(kind: str) -> None:
+    # Relay's reset returns the same observations for every seed: the test passed on AEC.
+    class Broken(TestSyncContract):
+        def make_vec(self, env_fns: Sequence[Callable[[], Any]], restart_policy=None) -> Any:
+            base = jr.SyncVectorEnv if self.kind == "gymnasium" else SyncMultiAgentVectorEnv
+            cls = type("Broken", (_IgnoresResetBatchSeeds, base), {})
+            return cls(env_fns, restart_policy=restart_policy)
+
+    with pytest.raises(AssertionError):
+        Broken().test_reset_batch_seeds_sub_env_i_with_seeds_i(kind)
+
+
 # -- parity with gymnasium ------------------------------------------------------------------------
 
 

@@ -191,6 +191,19 @@ def test_an_envs_draws_do_not_depend_on_the_other_envs_made_before_it(tmp_path) 
     assert shared.count("made") == 2
 
 
+def test_a_run_without_a_log_is_the_same_run_again_in_the_same_process() -> None:
+    # Without a log, instances were numbered per seed in the process: a second run (the
+    # next test) drew other faults than the first, so tests depended on their order.
+    plan = FaultPlan(kind="nan_reward", probability=0.3)
+    base = functools.partial(CountingEnv, episode_length=100)
+    runs = []
+    for _ in range(2):
+        (fn,) = faulty_env_fns(base, 1, [plan], seed=4)
+        runs.append([_nan_steps(fn(), 60), _nan_steps(fn(), 60)])  # made, then recreated
+    assert runs[0] == runs[1]
+    assert runs[0][0] != runs[0][1]  # a recreated env still draws anew
+
+
 def test_faulty_env_fns_per_env_faults_and_pickling() -> None:
     plan = FaultPlan(kind="raise", at=(1,))
     fns = pickle.loads(pickle.dumps(faulty_env_fns(counting_env_fns(3), faults={1: [plan]})))
@@ -227,6 +240,25 @@ def test_fault_plan_rejects_bad_arguments(kwargs: dict[str, Any], match: str) ->
         FaultPlan(**kwargs)
 
 
+@pytest.mark.parametrize("at", [None, 3.0, ("3",), (1.5,), (True,)])
+def test_fault_plan_refuses_call_numbers_that_are_not_ints(at: Any) -> None:
+    # (1.5,) would never fire, and the others raised a raw TypeError.
+    with pytest.raises(InvalidArgumentError, match=r"FaultPlan\(at=.*a tuple of call numbers"):
+        FaultPlan(at=at)
+
+
+@pytest.mark.parametrize("hang_s", [-1.0, "5", float("nan")])
+def test_fault_plan_refuses_a_bad_hang_s_at_once(hang_s: Any) -> None:
+    # Not at the hang, as a raw error from time.sleep in a worker.
+    with pytest.raises(InvalidArgumentError, match=r"FaultPlan\(hang_s="):
+        FaultPlan(kind="hang", at=(1,), hang_s=hang_s)
+
+
+def test_fault_plan_takes_call_numbers_of_any_int_sequence() -> None:
+    plan = FaultPlan(at=[np.int64(2), 3])
+    assert plan.at == (2, 3) and hash(plan) == hash(FaultPlan(at=(2, 3)))
+
+
 def test_fault_injectors_refuse_what_is_not_a_plan_or_a_factory() -> None:
     with pytest.raises(TypeError, match=r"FaultyEnv\(faults=...\): expected a list of .*FaultPlan"):
         FaultyEnv(CountingEnv(), FaultPlan())  # one plan, not a list of them
@@ -234,6 +266,22 @@ def test_fault_injectors_refuse_what_is_not_a_plan_or_a_factory() -> None:
         faulty_env_fns(CountingEnv, 2, [FaultPlan(), 3])  # at once, not when an env is made
     with pytest.raises(TypeError, match=r"faulty_env_fns\(base=3\): expected a zero-argument"):
         faulty_env_fns(3, 2)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        # A fault for an env that is not there never fires: the test would pass vacuously.
+        ({"faults": {2: [FaultPlan()]}}, r"faults=\{2: .*env indices 0 to 1"),
+        ({"faults": {"1": [FaultPlan()]}}, r"faults=\{'1': .*env indices 0 to 1"),
+        ({"num_envs": 0}, r"num_envs=0"),
+        ({"seed": "x"}, r"seed='x'"),
+        ({"log": "/tmp/log"}, r"log='/tmp/log'.*CallLog"),
+    ],
+)
+def test_faulty_env_fns_refuses_bad_arguments_at_once(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises((InvalidArgumentError, TypeError), match=match):
+        faulty_env_fns(**{"base": CountingEnv, "num_envs": 2, **kwargs})
 
 
 def test_obs_missing_key_needs_dict_observations() -> None:

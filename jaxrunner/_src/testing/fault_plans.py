@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from jaxrunner._src.arg_checks import check_number
+from jaxrunner._src.arg_checks import check_int, check_number, is_int
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 FaultKind = Literal[
@@ -82,10 +82,15 @@ class FaultPlan:
                 "no reward or flags."
             )
         check_number("FaultPlan", "probability", self.probability, high=1.0)
-        if isinstance(self.at, int) or any(n < 1 for n in self.at):
+        check_number("FaultPlan", "hang_s", self.hang_s)
+        at = self.at
+        if not isinstance(at, (Sequence, np.ndarray)) or isinstance(at, str):
+            at = None
+        if at is None or not all(is_int(n) for n in at):  # 1.5 would never fire
             raise InvalidArgumentError(
                 f"FaultPlan(at={self.at!r}): expected a tuple of call numbers, starting at 1."
             )
+        object.__setattr__(self, "at", tuple(int(n) for n in at))  # hashable, plain ints
 
 
 class CallLog:
@@ -115,8 +120,8 @@ class CallLog:
             return 0
 
 
-# Per seed, schedules made here without a log: the n-th draws from rng([s, n]).
-_made_per_seed: collections.Counter[int] = collections.Counter()
+# Per (run, seed), schedules made here without a log: the n-th draws from rng([s, n]).
+_made_per_seed: collections.Counter[tuple[str | None, int]] = collections.Counter()
 
 
 def check_plans(where: str, faults: Any) -> tuple[FaultPlan, ...]:
@@ -129,6 +134,17 @@ def check_plans(where: str, faults: Any) -> tuple[FaultPlan, ...]:
             f"{where}(faults=...): expected a list of jaxrunner.testing.FaultPlan, got {got}."
         )
     return tuple(items)
+
+
+def check_log_and_seed(where: str, log: Any, seed: Any) -> None:
+    """Refuses a ``log`` that is not a :class:`CallLog` and a ``seed`` that is not an int
+    >= 0, by name (not at the first call of an env, maybe in a worker)."""
+    if log is not None and not isinstance(log, CallLog):
+        raise InvalidArgumentTypeError(
+            f"{where}(log={log!r:.60}): expected a jaxrunner.testing.CallLog or None, got "
+            f"{type(log).__name__}; e.g. log=CallLog(directory)."
+        )
+    check_int(where, "seed", seed, low=0)
 
 
 class FaultSchedule:
@@ -145,6 +161,9 @@ class FaultSchedule:
             with this seed were made before (counted in ``log`` if given, else in this
             process), so a recreated env draws differently.
         owner: the wrapper's name, for the messages of injected errors.
+        run: without a log, instances are counted per ``(run, seed)``:
+            :func:`~.faults.faulty_env_fns` gives each call's factories their own run,
+            so the same run made again in this process draws the same faults.
     """
 
     def __init__(
@@ -153,15 +172,17 @@ class FaultSchedule:
         log: CallLog | None = None,
         seed: int = 0,
         owner: str = "FaultyEnv",
+        run: str | None = None,
     ) -> None:
         self.faults, self.log, self.owner = check_plans(owner, faults), log, owner
+        check_log_and_seed(owner, log, seed)
         if log is not None:  # numbered per seed: concurrent workers' envs draw alike
             instance = log.count(f"made-{seed}")
             log.record(f"made-{seed}")
             log.record("made")
         else:
-            instance = _made_per_seed[seed]
-            _made_per_seed[seed] += 1
+            instance = _made_per_seed[run, seed]
+            _made_per_seed[run, seed] += 1
         self._rng = np.random.default_rng([seed, instance])
         self.calls = {"step": 0, "reset": 0}
         """How many times each method was called (failed calls included)."""

@@ -4,13 +4,21 @@ hang, die or break their API on purpose, as a :class:`~.fault_plans.FaultPlan` s
 from __future__ import annotations
 
 import functools
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gymnasium
 
+from jaxrunner._src.arg_checks import check_int, is_int
 from jaxrunner._src.testing.broken_returns import break_returns
-from jaxrunner._src.testing.fault_plans import CallLog, FaultPlan, FaultSchedule, check_plans
+from jaxrunner._src.testing.fault_plans import (
+    CallLog,
+    FaultPlan,
+    FaultSchedule,
+    check_log_and_seed,
+    check_plans,
+)
 from jaxrunner._src.testing.pettingzoo_bases import (
     HAVE_PETTINGZOO,
     AECEnv,
@@ -33,6 +41,8 @@ class _Faulty:
         log: CallLog | None = None,
         seed: int = 0,
         agent: str | None = None,
+        *,
+        _run: str | None = None,
     ) -> None:
         one_agent = isinstance(self, gymnasium.Env)
         if one_agent and agent is not None:
@@ -40,7 +50,7 @@ class _Faulty:
                 f"FaultyEnv(agent={agent!r}): a gymnasium env has one agent; pass agent=None."
             )
         super().__init__(env)  # type: ignore[call-arg]  # the gymnasium or PettingZoo wrapper's
-        self.schedule = FaultSchedule(faults, log, seed, type(self).__name__)
+        self.schedule = FaultSchedule(faults, log, seed, type(self).__name__, _run)
         self.faults, self.log = self.schedule.faults, log
         self.calls = self.schedule.calls
         """How many times each method was called (failed calls included)."""
@@ -210,8 +220,9 @@ def _make_faulty(
     log: CallLog | None,
     seed: int,
     agent: str | None = None,
+    run: str | None = None,
 ) -> Any:
-    return FaultyEnv(base(), faults, log, seed, agent)
+    return FaultyEnv(base(), faults, log, seed, agent, _run=run)
 
 
 def faulty_env_fns(
@@ -241,6 +252,9 @@ def faulty_env_fns(
         InvalidArgumentError: ``num_envs`` is missing for a single ``base``, or differs
             from the length of a sequence ``base``.
     """
+    check_log_and_seed("faulty_env_fns", log, seed)
+    if num_envs is not None:
+        check_int("faulty_env_fns", "num_envs", num_envs)
     if callable(base):
         if num_envs is None:
             raise InvalidArgumentError(
@@ -261,9 +275,17 @@ def faulty_env_fns(
             "list of them (one per sub-env)."
         )
     per_env = faults if isinstance(faults, Mapping) else dict.fromkeys(range(len(bases)), faults)
+    # A fault for an env that is not there would never fire.
+    stray = next((i for i in per_env if not is_int(i, 0, len(bases) - 1)), None)
+    if stray is not None:
+        raise InvalidArgumentError(
+            f"faulty_env_fns(faults={{{stray!r:.40}: ...}}): expected env indices 0 to "
+            f"{len(bases) - 1}, one of the {len(bases)} envs."
+        )
     per_env = {i: check_plans("faulty_env_fns", plans) for i, plans in per_env.items()}
+    run = uuid.uuid4().hex  # numbers this call's instances from 0 (without a log)
     return [
-        functools.partial(_make_faulty, fn, per_env.get(i, ()), log, seed * 100_003 + i, agent)
+        functools.partial(_make_faulty, fn, per_env.get(i, ()), log, seed * 100_003 + i, agent, run)
         for i, fn in enumerate(bases)
     ]
 

@@ -66,9 +66,12 @@ class SteppingContract(ContractParts):
     def test_reset_batch_seeds_sub_env_i_with_seeds_i(self, kind: EnvKind) -> None:
         fns = self._basic(kind)
         with closing(self._make(kind, fns)) as vec:
-            refs = None
+            actions, refs = ActionSampler(vec, self.seed), None
             for seeds in (self._seeds(self.seed), [5] * self.num_envs):
-                refs, _ = self._reset(vec, fns, seeds, f"reset_batch({seeds})", refs)
+                where = f"reset_batch({seeds})"
+                refs, rows = self._reset(vec, fns, seeds, where, refs)
+                # Steps until the seeded draws show: Relay's first is at its 5th step.
+                self._run_parity(vec, refs, rows, actions, 6, where, require_end=False)
 
     def test_step_for_step_equal_to_the_envs_stepped_by_hand(self, kind: EnvKind) -> None:
         self.kind = kind
