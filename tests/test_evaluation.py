@@ -5,6 +5,7 @@ from __future__ import annotations
 import flax.linen as nn
 import gymnasium
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -161,6 +162,12 @@ def test_evaluate_with_connectors_uses_the_training_statistics_frozen(setup) -> 
         jr.evaluate(envs, policy, params, 1, connectors=conn)
     with pytest.raises(jr.errors.InvalidArgumentError, match="connectors=<"):
         jr.evaluate(envs, policy, params, 1, connector_state=state)
+    # A state that does not fit the connectors: the connectors' own check (worded as
+    # set_connector_state's), noted as evaluate's argument.
+    for bad in ({"nope": state.obs[0]}, 5):
+        with pytest.raises(jr.errors.JaxRunnerError, match="set_connector_state") as raised:
+            jr.evaluate(envs, policy, params, 1, connectors=conn, connector_state=bad)
+        assert "evaluate(connector_state=...)" in " ".join(getattr(raised.value, "__notes__", []))
     envs.close()
 
 
@@ -177,3 +184,20 @@ def test_evaluate_called_again_compiles_nothing(setup, compile_events) -> None:
     with compile_events() as events:
         assert returns() == first
     assert events == []
+
+
+def test_deterministic_with_a_policy_without_distribution_names_evaluate_and_the_way_out() -> None:
+    """The default ``deterministic=True`` on a hand-written Policy (apply_fn only) is
+    refused as evaluate's argument, with ``deterministic=False`` as the fix, not as a
+    ``Policy.deterministic`` call the caller never made."""
+
+    def apply_fn(params, obs, carry, keys):
+        return jnp.zeros(obs.shape[0], jnp.int32), {}, carry
+
+    policy = jr.Policy(apply_fn)
+    with jr.make_vec("CartPole-v1", num_envs=2) as envs:
+        refused = r"^evaluate\(deterministic=True\): the policy .*deterministic=False"
+        with pytest.raises(InvalidArgumentError, match=refused):
+            jr.evaluate(envs, policy, {}, num_episodes=2)
+        result = jr.evaluate(envs, policy, {}, num_episodes=2, deterministic=False)
+    assert result.num_episodes == 2 and (result.episodes[0].action == 0).all()

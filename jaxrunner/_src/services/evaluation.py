@@ -161,7 +161,11 @@ def evaluate(
         raise
     try:
         if connectors is not None:
-            frozen = _frozen_states(runner, connector_state)
+            try:
+                frozen = _frozen_states(runner, connector_state)
+            except JaxRunnerError as err:  # the connectors' checks name set_connector_state
+                err.add_note("jaxrunner: raised checking evaluate(connector_state=...).")
+                raise
             runner.set_connector_state(runner.from_policy_dict(frozen))
         agents = list(envs.possible_agents) if runner.multi_agent else []
         per_sample = rollout_length * envs.num_envs
@@ -171,11 +175,20 @@ def evaluate(
         runner.stop(close_envs=False)
 
 
-def _acting(policy: Any, deterministic: bool) -> Any:
+def _acting(policy: Any, deterministic: bool, pid: str | None = None) -> Any:
     """The policy (or each policy of a dict) as it acts in evaluation."""
     if isinstance(policy, Mapping):
-        return {pid: _acting(p, deterministic) for pid, p in policy.items()}
-    return policy.deterministic() if deterministic and isinstance(policy, Policy) else policy
+        return {pid: _acting(p, deterministic, pid) for pid, p in policy.items()}
+    if not deterministic or not isinstance(policy, Policy):
+        return policy
+    if policy.distribution_fn is None:  # deterministic=True is the default: say so
+        which = "the policy" if pid is None else f"policy {pid!r}"
+        raise InvalidArgumentError(
+            f"evaluate(deterministic=True): {which} has no distribution_fn, so no mode to "
+            "act with. Pass deterministic=False to act with its apply_fn (as it samples "
+            "in training), or give it a distribution_fn (Policy.from_linen/from_nnx set one)."
+        )
+    return policy.deterministic()
 
 
 # -- the connectors' state, frozen -------------------------------------------------------------
