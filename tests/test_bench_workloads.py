@@ -80,7 +80,8 @@ def test_bench_config_for_a_workload():
         bench.BenchConfig(env="CartPole-v1", workload="pong")
 
 
-def test_bench_cli_refuses_a_workload_with_an_env(capsys):
-    assert cli.main(["bench", "--workload", "pong", "--env", "Acrobot-v1"]) == 2
+@pytest.mark.parametrize("env", ["Acrobot-v1", "CartPole-v1"])  # the default's value too
+def test_bench_cli_refuses_a_workload_with_an_env(capsys, env):
+    assert cli.main(["bench", "--workload", "pong", "--env", env]) == 2
     err = capsys.readouterr().err
     assert "--workload pong runs its own env" in err and "--env" in err

@@ -869,3 +869,11 @@ def test_the_vector_envs_name_a_factory_that_is_not_one(backend: str) -> None:
         cls(make)  # the factory itself, not a list of them
     with pytest.raises(TypeError, match=r"env_fns\[1\] is a TimeLimit, not a factory"):
         cls([make, make()])  # an env instance
+
+
+def test_a_gymnasium_backend_class_given_pettingzoo_envs_points_to_make_vec() -> None:
+    # It compared the envs' observation_space methods as spaces: a SpaceMismatchError
+    # about "<bound method ...>" that named neither the kind nor the fix.
+    pytest.importorskip("pettingzoo")
+    with pytest.raises(jr.errors.InvalidArgumentTypeError, match=r"PettingZoo env.*make_vec"):
+        jr.SyncVectorEnv([jr.testing.coming_and_going] * 2)

@@ -22,7 +22,8 @@ DEFAULT_ENV = "CartPole-v1"
 
 
 def _bench(args: argparse.Namespace) -> int:
-    plans = bench.plans_for(args.env)  # a PettingZoo env has plans of its own
+    env = DEFAULT_ENV if args.env is None else args.env
+    plans = bench.plans_for(env)  # a PettingZoo env has plans of its own
     # A flag left out keeps the config's default (a workload's own with --workload).
     options: dict[str, Any] = {"seconds": args.seconds, "rounds": args.rounds}
     if args.num_envs is not None:
@@ -31,13 +32,13 @@ def _bench(args: argparse.Namespace) -> int:
         options["backends"] = tuple(plans) if args.backend == "all" else (args.backend,)
     try:
         if args.workload is not None:
-            if args.env != DEFAULT_ENV:
+            if args.env is not None:  # (given, even as the default's value)
                 raise InvalidArgumentError(
                     f"--workload {args.workload} runs its own env; leave --env out."
                 )
             config = bench.BenchConfig.for_workload(args.workload, **options)
         else:
-            config = bench.BenchConfig(env=args.env, **options)
+            config = bench.BenchConfig(env=env, **options)
     except InvalidArgumentError as err:  # before anything starts: name the flag
         flags = "--num-envs (ints >= 1), --seconds (> 0) or --rounds (>= 1)"
         if args.backend not in (*plans, "all", None):
@@ -96,10 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench_command.add_argument(
         "--env",
-        default=DEFAULT_ENV,
         help="gymnasium id, or a PettingZoo parallel env as module:name (e.g. "
         "mpe2:simple_spread_v3: EnvRunner against the hand-written PettingZoo loop, "
-        "backends sync and process) (default: %(default)s)",
+        f"backends sync and process) (default: {DEFAULT_ENV})",
     )
     bench_command.add_argument(
         "--num-envs",

@@ -20,6 +20,7 @@ from jaxrunner._src.backends.base import (
     env_spaces,
 )
 from jaxrunner._src.backends.capabilities import Capabilities
+from jaxrunner._src.backends.env_api import is_multi_agent_env
 from jaxrunner._src.backends.gymnasium_block import GymnasiumBlock
 from jaxrunner._src.backends.in_process import BlockForwarding, InProcessSends
 from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
@@ -29,7 +30,7 @@ from jaxrunner._src.backends.snapshots import SnapshotRefusedError
 from jaxrunner._src.backends.steps import BatchStep, MultiAgentStep, StepBuffers, StepViews
 from jaxrunner._src.backends.sub_env_block import EnvFactory, PerSize, failed_mask
 from jaxrunner._src.core.agent_groups import PolicyMappingFn
-from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 
 class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
@@ -63,6 +64,11 @@ class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
         self.env_fns = list(env_fns)
         with closing_on_error(self.envs):
             self.num_envs, first = len(self.envs), self.envs[0]
+            if is_multi_agent_env(first):  # its spaces are methods, which the check misreads
+                raise InvalidArgumentTypeError(
+                    f"SyncVectorEnv: sub-env 0 ({type(first).__name__}) is a PettingZoo env; "
+                    "build multi-agent envs with jaxrunner.make_vec(env_fn, num_envs, backend)."
+                )
             check_equal_spaces(env_spaces(self.envs))
             self._take_spaces(
                 first.observation_space, first.action_space, first.metadata, first.render_mode
