@@ -96,6 +96,7 @@ class ActorStepping(RemoteSubEnvs):
     def num_restarts(self) -> int:
         """Sub-envs recreated inside the current actors (a replaced actor's count is
         lost with it; :attr:`num_actor_restarts` counts replaced actors)."""
+        self._check_open("num_restarts")  # (the closed actors are gone, and their counts)
         actors = self._actors
         return sum(actors.get_all([a.num_restarts.remote() for a in actors.actors], None))
 
