@@ -877,3 +877,17 @@ def test_a_gymnasium_backend_class_given_pettingzoo_envs_points_to_make_vec() ->
     pytest.importorskip("pettingzoo")
     with pytest.raises(jr.errors.InvalidArgumentTypeError, match=r"PettingZoo env.*make_vec"):
         jr.SyncVectorEnv([jr.testing.coming_and_going] * 2)
+
+
+@pytest.mark.parametrize("backend", ["sync", "process"])
+def test_an_invalid_step_names_its_sub_env_in_env_index_as_for_agents(backend: str) -> None:
+    # A multi-agent env's InvalidStepError had env_index set; a gymnasium env's had None,
+    # the sub-env named only in the message.
+    plan = jr.testing.FaultPlan(kind="nan_reward", at=(2,))
+    fns = jr.testing.faulty_env_fns(CountingEnv, 2, {1: [plan]})
+    with jr.make_vec(fns, 2, backend) as envs:
+        envs.reset(seed=0)
+        envs.step(np.zeros(2, np.int64))
+        with pytest.raises(jr.errors.InvalidStepError, match="sub-env 1") as caught:
+            envs.step(np.zeros(2, np.int64))
+    assert caught.value.env_index == 1

@@ -107,7 +107,7 @@ def test_ray_backend_equals_sync_for_the_same_seed_although_batching_differs():
     with pytest.raises(jr.errors.ClosedError):
         ray_envs.step(actions)
     with pytest.raises(jr.errors.ClosedError):  # (Ray's ActorDiedError: it asked the actors)
-        ray_envs.num_restarts
+        _ = ray_envs.num_restarts
 
 
 def test_ray_config_is_checked_before_any_actor_starts():

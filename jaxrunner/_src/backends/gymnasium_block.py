@@ -108,6 +108,8 @@ class GymnasiumBlock(SubEnvBlock):
             except JaxRunnerError as err:  # an invalid step, already explained...
                 if type(result) is not tuple:  # ...unless five values, not gymnasium's tuple:
                     step_result(result, i)  # the wrong API, not a fault (a list of five is fine)
+                if getattr(err, "env_index", None) is None:  # as an agent block's errors
+                    err.env_index = i  # type: ignore[attr-defined]
                 if policy is None:
                     raise
                 errors[i] = err
