@@ -3,18 +3,19 @@ process backend at its defaults and ``EnvRunner.from_env(..., backend="auto")`` 
 layout tried with the policy where the env-only rule would start workers), side by
 side.
 
-Per workload and width (the workloads of ``jaxrunner bench --workload``: CartPole-v1
-with the 64-64 MLP at 1, 8, 64 and 256 envs; HalfCheetah-v5 with the 256-256 Gaussian
-MLP at 8 and 32; Pong with NatureCNN at 8 and 32, where installed), the three runners
-are built once in one child process, auto first (its trial then runs with no other
-runner's envs or workers alive, as a user's does; ``--auto-last``: auto last, for the
-other build order), and timed in interleaved rounds
-(the order rotates every round). The row keeps every round, each variant's median steps/s, what
-auto chose and why, and ``auto / best``: auto's median over the better of the sync
-and process medians (the per-round ratios' spread beside it). Where auto's layout is
-the same as sync's or process's (the same workers and splits), its figure differs
-from that one's by noise only, so the row also says whether auto picked the faster
-of the two. The machine's load average is recorded per round: on a shared machine
+Where EnvPool is installed, the ``"envpool"`` backend at its defaults runs beside them
+(auto's trial then tries it too). Per workload and width (the workloads of ``jaxrunner
+bench --workload``: CartPole-v1 with the 64-64 MLP at 1, 8, 64 and 256 envs;
+HalfCheetah-v5 with the 256-256 Gaussian MLP at 8 and 32; Pong with NatureCNN at 8 and
+32, where installed), the runners are built once in one child process, auto first (its
+trial then runs with no other runner's envs or workers alive, as a user's does;
+``--auto-last``: auto last, for the other build order), and timed in interleaved rounds
+(the order rotates every round). The row keeps every round, each variant's median
+steps/s, what auto chose and why, and ``auto / best``: auto's median over the best of
+the other variants' medians (the per-round ratios' spread beside it). Where auto's
+layout is the same as another variant's (the same backend, workers and splits), its
+figure differs from that one's by noise only, so the row also says whether auto picked
+the fastest of them. The machine's load average is recorded per round: on a shared machine
 the figures drift. ``build_s`` is each variant's time to build and warm up (for auto,
 its trial included).
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import os
 import pathlib
 import statistics
@@ -43,14 +45,16 @@ from jaxrunner._src.bench.child import Child, ChildError
 from jaxrunner._src.bench.report import format_choice
 from jaxrunner._src.bench.systems import Spec
 
-VARIANTS = ("auto", "sync", "process")
+ENVPOOL = ("envpool",) if importlib.util.find_spec("envpool") else ()
+VARIANTS = ("auto", "sync", "process", *ENVPOOL)
+"""auto, then the layouts it chooses among (the child runs in this interpreter)."""
 WIDTHS = {"cartpole": (1, 8, 64, 256), "halfcheetah": (8, 32), "pong": (8, 32)}
 
 
 def measure(
     child: Child, workload: str, num_envs: int, rounds: int, seconds: float, auto_last: bool
 ) -> dict[str, Any]:
-    """One width: the three variants built in ``child`` (auto first, or last with
+    """One width: the variants built in ``child`` (auto first, or last with
     ``auto_last``), timed in ``rounds`` rounds."""
     spec = bench.get_workload(workload)
     row: dict[str, Any] = {"workload": workload, "num_envs": num_envs, "errors": {}}
@@ -88,19 +92,20 @@ def measure(
     row["layout"] = {
         v: {k: results[v][0].get(k) for k in ("num_workers", "num_splits")} for v in built
     }
+    for v in built:  # EnvPool's layout has no workers, as sync's
+        row["layout"][v]["backend"] = results[v][0]["auto"]["backend"] if v == "auto" else v
     if "auto" in built:
         row["auto_choice"] = results["auto"][0]["auto"]
     if set(built) == set(VARIANTS):
         # Where auto built the same layout as one of the others, its own figure differs
-        # from that one's by noise only: also say whether it picked the faster of them.
-        same = [v for v in ("sync", "process") if row["layout"][v] == row["layout"]["auto"]]
-        faster = max(("sync", "process"), key=lambda v: row["steps_per_s"][v]["median"])
+        # from that one's by noise only: also say whether it picked the fastest of them.
+        others = VARIANTS[1:]
+        same = [v for v in others if row["layout"][v] == row["layout"]["auto"]]
+        fastest = max(others, key=lambda v: row["steps_per_s"][v]["median"])
         row["auto_same_layout_as"] = same[0] if same else None
-        row["auto_picked_faster"] = same[0] == faster if same else None
-        best = max(row["steps_per_s"][v]["median"] for v in ("sync", "process"))
-        per_round = [
-            a / max(s, p) for a, s, p in zip(rates["auto"], rates["sync"], rates["process"])
-        ]
+        row["auto_picked_faster"] = same[0] == fastest if same else None
+        best = max(row["steps_per_s"][v]["median"] for v in others)
+        per_round = [a / max(rest) for a, *rest in zip(rates["auto"], *(rates[v] for v in others))]
         row["auto_over_best"] = {
             "median": row["steps_per_s"]["auto"]["median"] / best,
             "min": min(per_round),
@@ -156,8 +161,8 @@ def summary(row: dict[str, Any]) -> str:
         ratio = row["auto_over_best"]
         line += f"; auto/best {ratio['median']:.2f} [{ratio['min']:.2f}-{ratio['max']:.2f}]"
     if row.get("auto_same_layout_as"):
-        picked = "the faster" if row["auto_picked_faster"] else "the slower"
-        line += f"; auto = {row['auto_same_layout_as']}'s layout, {picked} of the two"
+        picked = "the fastest" if row["auto_picked_faster"] else "not the fastest"
+        line += f"; auto = {row['auto_same_layout_as']}'s layout, {picked}"
     if "auto_choice" in row:
         line += f"; auto chose {format_choice(row['auto_choice'])}"
     return line + "".join(f"; {v} failed: {e}" for v, e in row["errors"].items())

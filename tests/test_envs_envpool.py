@@ -472,6 +472,40 @@ def test_from_env_tries_envpool_and_builds_what_it_chose(monkeypatch, winner) ->
         assert_trees_equal(got, ref.sample(), f"from_env(auto -> {backend}) vs by hand")
 
 
+def test_auto_builds_an_id_only_envpool_has_on_envpool_with_its_kwargs() -> None:
+    """``"Pendulum-v0"`` is EnvPool's (gymnasium has v1 only): ``"auto"`` builds it on
+    the one backend that can, untimed, in ``make_vec`` and ``from_env`` alike, its kwargs
+    passed on; the trajectories are those of the envpool backend built by hand. With a
+    restart policy, which EnvPool does not take, it is refused as before."""
+    kwargs = {"max_episode_steps": 5}
+    env = envpool.make_gymnasium("Pendulum-v0")
+    policy = jr.models.mlp_policy(env.action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), env.observation_space)
+    samples, choices = {}, {}
+    builders = {
+        "make_vec": lambda: jr.EnvRunner(
+            jr.make_vec("Pendulum-v0", 2, "auto", **kwargs), policy, params, 8, SEED
+        ),
+        "from_env": lambda: jr.EnvRunner.from_env(
+            "Pendulum-v0", 2, policy, params, 8, SEED, env_kwargs=kwargs
+        ),
+        "by hand": lambda: jr.EnvRunner(
+            jr.make_vec("Pendulum-v0", 2, "envpool", **kwargs), policy, params, 8, SEED
+        ),
+    }
+    for name, build in builders.items():
+        with build() as runner:
+            samples[name], choices[name] = runner.sample(), runner.envs.layout_choice
+    for name in ("make_vec", "from_env"):
+        choice = choices[name]
+        assert choice.backend == "envpool" and np.isnan(choice.env_step_us), name
+        assert "EnvPool task id" in choice.reason, name
+        assert_trees_equal(samples[name], samples["by hand"], f"{name}(auto) vs envpool")
+    assert not samples["by hand"].valid.all()  # the 5-step episodes' reset slots
+    with pytest.raises(InvalidArgumentError, match="backend='envpool'"):
+        jr.make_vec("Pendulum-v0", 2, "auto", restart_policy=jr.RestartPolicy())
+
+
 def test_bench_builds_a_workloads_envpool_port() -> None:
     """``jaxrunner bench --workload W --backend envpool`` runs EnvPool's port of W's
     env (its ``envpool_id``): the workload's gymnasium factory is for the backends

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import math
 import statistics
 import threading
@@ -35,12 +36,13 @@ class LayoutChoice:
     """What ``backend="auto"`` chose, from what it measured."""
 
     backend: str
-    """``"sync"``, ``"process"`` or (chosen by ``EnvRunner.from_env``'s trial)
-    ``"envpool"``."""
+    """``"sync"``, ``"process"`` or ``"envpool"`` (chosen by ``EnvRunner.from_env``'s
+    trial, or for a task id only EnvPool has)."""
     num_workers: int
     """Worker processes (0 for sync)."""
     env_step_us: float
-    """The measured median cost of one sub-env's step, in microseconds."""
+    """The measured median cost of one sub-env's step, in microseconds (NaN where
+    nothing was measured)."""
     num_envs: int
     cpus: int
     """CPUs this process may use (affinity, bounded by the cgroup quota)."""
@@ -289,6 +291,33 @@ def _fall_back(cause: str, num_envs: int, cpus: int) -> LayoutChoice:
         num_envs=num_envs,
         cpus=cpus,
         reason=f"no measurement: {cause}",
+    )
+
+
+def envpool_task(env: Any) -> bool:
+    """Whether ``env`` is a task id of EnvPool, where it is installed."""
+    if not isinstance(env, str) or importlib.util.find_spec("envpool") is None:
+        return False
+    import envpool  # type: ignore[import-not-found]  # the optional extra
+
+    return env in envpool.list_all_envs()
+
+
+def envpool_only(
+    env: Any, num_envs: int, restart_policy: RestartPolicy | None
+) -> LayoutChoice | None:
+    """The ``"envpool"`` backend for a task id EnvPool has and gymnasium does not (say
+    ``"Pong-v5"``): the one backend that builds it, so nothing is timed. None for any
+    other env, or with a restart policy (which EnvPool's pool cannot follow)."""
+    if restart_policy is not None or not envpool_task(env) or env in gymnasium.registry:
+        return None
+    return LayoutChoice(
+        backend="envpool",
+        num_workers=0,
+        env_step_us=math.nan,
+        num_envs=num_envs,
+        cpus=available_cpus(),
+        reason=f"{env!r} is an EnvPool task id that gymnasium does not know",
     )
 
 

@@ -11,7 +11,7 @@ import gymnasium
 from gymnasium.vector import AutoresetMode
 
 from jaxrunner._src.arg_checks import check_int
-from jaxrunner._src.backends.auto import LayoutChoice, choose_for
+from jaxrunner._src.backends.auto import LayoutChoice, choose_for, envpool_only
 from jaxrunner._src.backends.base import MultiAgentVectorEnv, VectorEnv
 from jaxrunner._src.backends.env_api import is_multi_agent_env, with_namespace_hint
 from jaxrunner._src.backends.envpool import make_envpool_vec
@@ -89,7 +89,8 @@ def make_vec(
         backend: where the sub-envs run; one of ``BACKENDS`` (a multi-agent env: one of
             ``FACTORY_BACKENDS``). ``"auto"``: ``"sync"`` or ``"process"`` with its number
             of workers, chosen by timing one probe sub-env against the CPUs this process
-            may use; the choice is ``vec.layout_choice`` (see ``docs/backends/index.md``).
+            may use, or ``"envpool"`` for a task id only EnvPool has (``"Pong-v5"``); the
+            choice is ``vec.layout_choice`` (see ``docs/backends/index.md``).
         seed: if given, the envs are reset now with sub-env ``i`` seeded ``seed + i``.
         config: the backend's options: a :class:`~jaxrunner.ProcessConfig` for
             ``"process"``, a :class:`~jaxrunner.RayConfig` for ``"ray"``; None: its
@@ -116,7 +117,9 @@ def make_vec(
     check_int("make_vec", "num_envs", num_envs)
     check_int("make_vec", "seed", seed, low=0, none="for no reset")
     check_vec_options(backend, config, restart_policy)
-    choice = None
+    choice = envpool_only(env, num_envs, restart_policy) if backend == "auto" else None
+    if choice is not None:
+        backend = choice.backend
     if backend not in FACTORY_BACKENDS:
         vec = _make_from_id(env, num_envs, backend, policy_mapping_fn, env_kwargs)
     else:

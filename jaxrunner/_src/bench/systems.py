@@ -121,7 +121,7 @@ class JaxrunnerSystem:
             return EnvRunner(envs, policy, params, spec.rollout_length, spec.seed)
         # As a user builds it: the spaces for the policy from one env made apart (closed
         # again), then EnvRunner.from_env, which tries the layouts with the policy.
-        env = get_workload(spec.workload).make if spec.workload else spec.env
+        env = get_workload(spec.workload).user_env if spec.workload else spec.env
         probe = env() if callable(env) else gymnasium.make(env)
         try:
             obs_space, action_space = probe.observation_space, probe.action_space

@@ -43,6 +43,13 @@ class Workload:
     envpool_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     needs: tuple[str, ...] = ()  # the modules pip install 'jaxrunner[<extra>]' brings
     extra: str | None = None
+    wrapped: bool = False  # make adds wrappers to gymnasium.make(env_id)
+
+    @property
+    def user_env(self) -> str | Callable[[], gymnasium.Env]:
+        """What a user passes to ``EnvRunner.from_env``: the id, unless it takes wrappers
+        (with the id, ``backend="auto"`` tries EnvPool too where it has the task)."""
+        return self.make if self.wrapped else self.env_id
 
     def rollout_length(self, num_envs: int) -> int:
         return rollout_length(num_envs, self.steps_per_rollout)
@@ -81,6 +88,7 @@ WORKLOADS: dict[str, Workload] = {
         envpool_kwargs={"repeat_action_probability": 0.25},
         needs=("ale_py", "cv2"),
         extra="atari",
+        wrapped=True,
     ),
     "halfcheetah": Workload(
         env_id="HalfCheetah-v5",

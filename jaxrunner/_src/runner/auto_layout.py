@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import inspect
 import time
 import warnings
@@ -16,7 +15,7 @@ import gymnasium
 import numpy as np
 
 from jaxrunner._src.arg_checks import check_dict, check_int
-from jaxrunner._src.backends.auto import LayoutChoice
+from jaxrunner._src.backends.auto import LayoutChoice, envpool_only, envpool_task
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.factories import EnvSpec
 from jaxrunner._src.backends.make_vec import check_vec_options, choose_auto_layout, make_vec
@@ -112,16 +111,18 @@ def from_env(
     choice = None
     if backend == "auto":
         check_vec_options(backend, config, restart_policy)
-        caller = 'EnvRunner.from_env(backend="auto", its default)'
-        choice, multi_agent = choose_auto_layout(
-            env, env_kwargs, num_envs, seed, restart_policy, caller
-        )
-        envpool = not multi_agent and envpool_has(env, env_kwargs, restart_policy)
-        if choice.backend == "process" or envpool:  # either kind of env: sync or workers
-            choice = _trial(
-                runner_cls, choice, build, env, num_envs, policy, params, seed, runner_options,
-                envpool,
-            )  # fmt: skip
+        choice = envpool_only(env, num_envs, restart_policy)  # nothing to time it against
+        if choice is None:
+            caller = 'EnvRunner.from_env(backend="auto", its default)'
+            choice, multi_agent = choose_auto_layout(
+                env, env_kwargs, num_envs, seed, restart_policy, caller
+            )
+            envpool = not multi_agent and envpool_has(env, env_kwargs, restart_policy)
+            if choice.backend == "process" or envpool:  # either kind of env: sync or workers
+                choice = _trial(
+                    runner_cls, choice, build, env, num_envs, policy, params, seed,
+                    runner_options, envpool,
+                )  # fmt: skip
         backend, config = choice.backend, choice.process_config()
     envs = build(backend, config)
     if choice is not None:
@@ -245,13 +246,7 @@ def _trial(
 def envpool_has(env: Any, env_kwargs: Mapping[str, Any], restart_policy: Any) -> bool:
     """Whether the ``"envpool"`` backend is a candidate: EnvPool has the task ``env``
     (an id), and there are no env kwargs and no restart policy."""
-    if not isinstance(env, str) or env_kwargs or restart_policy is not None:
-        return False
-    if importlib.util.find_spec("envpool") is None:
-        return False
-    import envpool  # type: ignore[import-not-found]  # the optional extra
-
-    return env in envpool.list_all_envs()
+    return not env_kwargs and restart_policy is None and envpool_task(env)
 
 
 def _same_spaces(envs: VectorEnv, sync: VectorEnv) -> bool:
