@@ -8,10 +8,12 @@ import dataclasses
 import math
 import threading
 import time
+import types
 from typing import Any, ClassVar
 
 import gymnasium
 import jax
+import numpy as np
 import pytest
 from conftest import ActorCritic, short_cartpole
 
@@ -21,9 +23,17 @@ from jaxrunner._src.backends import auto
 from jaxrunner._src.backends.auto import choose_layout, measure_env_step_us
 from jaxrunner._src.backends.process import launch
 from jaxrunner._src.bench.report import format_choice
+from jaxrunner._src.runner import auto_layout
 from jaxrunner._src.services.metrics_writer import flatten_metrics
 from jaxrunner.errors import EnvError, InvalidArgumentError, InvalidArgumentTypeError
 from jaxrunner.testing import assert_trees_equal
+
+F32_OBS = gymnasium.spaces.Box(-1, 1, (4,), np.float32)
+
+
+def box_action(dtype: Any) -> gymnasium.spaces.Box:
+    return gymnasium.spaces.Box(-1, 1, (2,), dtype)
+
 
 CARTPOLE_US = 6.0  # a CartPole-v1 step as the probe measures it
 ATARI_US = 1000.0  # an Atari step with frame skip (Pong here: ~400 us)
@@ -184,6 +194,28 @@ def test_auto_refuses_a_config():
 def test_auto_refuses_an_id_gymnasium_cannot_make():
     with pytest.raises(InvalidArgumentError, match="backend='envpool'"):
         jr.make_vec("NoSuchTask-v9", 2, backend="auto")
+
+
+def _vec_spaces(obs: gymnasium.Space, action: gymnasium.Space) -> Any:
+    return types.SimpleNamespace(single_observation_space=obs, single_action_space=action)
+
+
+@pytest.mark.parametrize(
+    ("envpool_spaces", "same"),
+    [
+        ((F32_OBS, box_action(np.float64)), True),  # EnvPool's MuJoCo: float64 actions
+        ((F32_OBS, box_action(np.float32)), True),
+        ((F32_OBS, box_action(np.float16)), False),  # float32 actions would not fit
+        ((gymnasium.spaces.Box(0, 255, (4,), np.uint8), box_action(np.float32)), False),
+        ((F32_OBS, gymnasium.spaces.Discrete(2)), False),
+        ((gymnasium.spaces.Box(-1, 1, (5,), np.float32), box_action(np.float32)), False),
+    ],
+)
+def test_the_trial_takes_envpool_where_its_spaces_take_the_policys_actions(envpool_spaces, same):
+    """``from_env`` times EnvPool only where the policy built for gymnasium's spaces fits
+    its envs: the same observations, and actions that cast to EnvPool's safely."""
+    sync = _vec_spaces(F32_OBS, box_action(np.float32))
+    assert auto_layout._same_spaces(_vec_spaces(*envpool_spaces), sync) is same
 
 
 def test_unknown_backend_lists_auto():

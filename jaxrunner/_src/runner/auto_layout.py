@@ -250,21 +250,26 @@ def envpool_has(env: Any, env_kwargs: Mapping[str, Any], restart_policy: Any) ->
 
 
 def _same_spaces(envs: VectorEnv, sync: VectorEnv) -> bool:
-    """Whether ``envs`` take and give what the sync envs do (space types, shapes and
-    dtypes: EnvPool's Atari tasks, say, preprocess their frames)."""
-    pairs = (
-        (envs.single_observation_space, sync.single_observation_space),
-        (envs.single_action_space, sync.single_action_space),
+    """Whether ``envs`` take and give what the sync envs do (space types and shapes; the
+    observations' dtype, and an action dtype the policy's actions cast to safely:
+    EnvPool's MuJoCo tasks take float64 where gymnasium's take float32, and its Atari
+    tasks preprocess their frames)."""
+    obs, sync_obs = envs.single_observation_space, sync.single_observation_space
+    act, sync_act = envs.single_action_space, sync.single_action_space
+    return (
+        _alike(obs, sync_obs)
+        and obs.dtype == sync_obs.dtype
+        and _alike(act, sync_act)
+        and (act.dtype == sync_act.dtype or np.can_cast(sync_act.dtype, act.dtype, "safe"))
     )
-    return all(
+
+
+def _alike(a: gymnasium.Space, b: gymnasium.Space) -> bool:
+    """The same space type and shape (and ``Discrete`` range)."""
+    return (
         type(a) is type(b)
         and a.shape == b.shape
-        and a.dtype == b.dtype
-        and (
-            not isinstance(a, gymnasium.spaces.Discrete)
-            or (isinstance(b, gymnasium.spaces.Discrete) and (a.n, a.start) == (b.n, b.start))
-        )
-        for a, b in pairs
+        and (not isinstance(a, gymnasium.spaces.Discrete) or (a.n, a.start) == (b.n, b.start))
     )
 
 
