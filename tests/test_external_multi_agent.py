@@ -154,8 +154,12 @@ def test_log_action_records_actions_as_given():
         obs2, rewards, *_ = pz.step(given)
         env.log_returns(eid, rewards)
         env.log_returns(eid, {"a1": 1e308})
+        memory = env.get_metrics()["memory_bytes"]
         with pytest.raises(InvalidArgumentError, match="agent 'a1''s latest action overflows"):
             env.log_returns(eid, {"a0": 1.0, "a1": 1e308})  # refused whole: a0 gets nothing
+        with pytest.raises(InvalidArgumentError, match="agent 'a1''s latest action overflows"):
+            env.log_returns(eid, {"a1": 1e308, "a2": 1.0})  # a2 does not join the episode
+        assert env.get_metrics()["memory_bytes"] == memory  # (a new agent record is charged)
         rewards["a1"] += 1e308
         env.end_episode(eid, {a: obs2[a] for a in given}, truncated=True)
         episodes = {e.agent_id: e for e in env.poll_episodes()}
@@ -210,6 +214,8 @@ def test_bad_input_is_refused_and_loses_nothing():
             env.log_returns(eid, {**rewards, "ghost": 1.0})
         with pytest.raises(InvalidArgumentError, match="rewards\\['a0'\\]"):
             env.log_returns(eid, {**rewards, "a0": float("nan")})
+        with pytest.raises(InvalidArgumentError, match=r"rewards\['a0'\]=1000.*must be finite"):
+            env.log_returns(eid, {**rewards, "a0": 10**400})  # past float64: OverflowError before
         env.log_returns(eid, rewards)
         for agent, reward in rewards.items():
             refs[agent].pending += reward
@@ -306,6 +312,10 @@ def test_reaper_truncates_each_agent_and_drops_waiting_steps():
     # a1 waited for the outcome of its first action, which never came.
     assert "a1" not in episodes
     assert metrics["num_dropped_steps"] == 2 and metrics["num_abandoned_episodes"] == 1
+    # ... so a1 has no episode in the statistics either (they counted one of length 0).
+    assert metrics["num_episodes"] == metrics["num_training_episodes"] == 1
+    assert metrics["episode_length_mean"] == 1.0
+    assert metrics["episode_return_mean"] == rewards["a0"]
 
 
 def test_withdrawn_call_records_no_agent():

@@ -237,6 +237,15 @@ def test_clients_check_their_arguments_and_refuse_calls_after_close(client, serv
         client(server.url, token_file=token_file, timeout_s=-1)  # httpx's own ValueError before
     with pytest.raises(TypeError, match=r"token_file=3\): expected a file path"):
         client(server.url, token_file=3)  # an int would be read as a file descriptor
+    # Names the server refuses (422 on every start_episode, UnicodeEncodeError before).
+    for name in ("robot 1", "robot/1", "r\u00f4bot", "x" * 65):
+        with pytest.raises(errors.InvalidArgumentError, match=r"client_id=.*e\.g\. 'robot-1'"):
+            client(server.url, token_file=token_file, client_id=name)
+    with pytest.raises(errors.InvalidArgumentTypeError, match=r"client_id=7\): expected a str"):
+        client(server.url, token_file=token_file, client_id=7)  # httpx's TypeError before
+    named = MultiAgentPolicyClient(server.url, token_file=token_file, client_id="robot-1.a:b_c")
+    with named:  # (the server's kind)
+        assert named.start_episode() >= 0
     with pytest.raises(TypeError, match=r"ServerConfig\(token_file=3\): expected a file path"):
         PolicyServer(server.env, token_file=3)
     opened = MultiAgentPolicyClient(server.url, token_file=token_file)  # (one _call for both)

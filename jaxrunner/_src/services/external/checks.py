@@ -79,8 +79,12 @@ def check_reward(reward: Any, name: str, call: str = "log_returns") -> None:
         raise InvalidArgumentTypeError(
             f"{call}({name}={reward!r}): expected a real number, got {type(reward).__name__}."
         )
-    if not math.isfinite(float(reward)):
-        raise InvalidArgumentError(f"{call}({name}={reward!r}): rewards must be finite.")
+    try:
+        finite = math.isfinite(float(reward))
+    except OverflowError:  # an int past float64's range: float() cannot hold it
+        finite = False
+    if not finite:
+        raise InvalidArgumentError(f"{call}({name}={reward!r:.40}): rewards must be finite.")
 
 
 def check_steps(

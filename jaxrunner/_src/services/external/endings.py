@@ -69,8 +69,9 @@ class EpisodeEndings:
                     self.counts["num_agent_steps"] += length
                     if length and episode is None:  # stacking failed (out of memory)
                         self.counts["num_dropped_steps"] += length
-                    rewards = np.array([sum(record.rewards)], np.float64)
-                    self.stats.add(rewards, np.array([length]))
+                    if length:  # reaped with its one action dropped: no episode to count
+                        rewards = np.array([sum(record.rewards)], np.float64)
+                        self.stats.add(rewards, np.array([length]))
                     self.emit(record, episode)
 
     def reap(self, idle_since: float) -> int:

@@ -148,13 +148,16 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
         checks.check_info(info)
         with self._lock:
             live = self._get_live(episode_id, "log_returns", rewards)
-            self._join(live, list(rewards), "log_returns")
             call = f"log_returns(episode_id={episode_id})"
-            totals = {
+            totals = {  # an agent new to the episode has nothing to overflow yet
                 a: live.agents[a].reward_plus(float(r), call, f"agent {a!r}'s")
+                if a in live.agents
+                else float(r)
                 for a, r in rewards.items()
             }
-            for agent, total in totals.items():  # all checked first: a refusal adds none
+            # All checked first: a refusal adds no reward and no agent record.
+            self._join(live, list(rewards), "log_returns")
+            for agent, total in totals.items():
                 live.agents[agent].pending_reward = total
             live.last_seen = time.monotonic()
 

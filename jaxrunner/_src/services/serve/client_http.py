@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 from typing import Any, ClassVar, Self
 
@@ -238,6 +239,18 @@ class ClientCore:
             raise errors.InvalidArgumentError(
                 f"{type(self).__name__}(url={url!r}): expected the server's http:// or "
                 "https:// URL, as PolicyServer.url gives it (e.g. 'http://127.0.0.1:8000')."
+            )
+        # Checked here: the server refuses other names on every start_episode (422).
+        if client_id not in (None, "") and not isinstance(client_id, str):
+            raise errors.InvalidArgumentTypeError(
+                f"{type(self).__name__}(client_id={client_id!r:.80}): expected a str or None, "
+                f"got {type(client_id).__name__}."
+            )
+        if client_id and not re.fullmatch(wire.CLIENT_ID_PATTERN, client_id):
+            raise errors.InvalidArgumentError(
+                f"{type(self).__name__}(client_id={client_id!r:.80}): expected 1 to 64 ASCII "
+                "letters, digits or '_.:-' (the X-Client-Id the server takes), e.g. 'robot-1'; "
+                "or None for a random one."
             )
         if token is None and token_file is not None:
             token = read_token(token_file)

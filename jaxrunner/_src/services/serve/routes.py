@@ -252,7 +252,7 @@ def create_app(
         request: Request,
         x_client_id: Annotated[
             str | None,
-            Header(pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description="caps are per client"),
+            Header(pattern=wire.CLIENT_ID_PATTERN, description="caps are per client"),
         ] = None,
     ) -> JSONResponse:
         peer = request.client.host if request.client else "unknown"

@@ -34,6 +34,8 @@ DType = Literal[
 DTYPES: tuple[str, ...] = get_args(DType)
 
 MAX_DIMS = 16
+CLIENT_ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
+"""The names a client may give itself (``X-Client-Id``; the server refuses others)."""
 DEFAULT_MAX_ELEMENTS = 1 << 24
 
 
