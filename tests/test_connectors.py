@@ -513,3 +513,19 @@ def test_the_extras_are_zero_at_a_slot_without_a_transition_as_for_agent_slots()
     for name in ("policy_next_obs", "scaled_reward"):
         assert not np.any(traj.extras[name][invalid]), name
     assert np.any(traj.extras["policy_next_obs"][traj.valid])
+
+
+def test_what_the_policy_saw_is_zero_at_a_slot_without_a_transition_too():
+    """docs/connectors.md: at a slot without a transition (a failed, restarted sub-env)
+    every connector extra is zero, ``policy_obs`` included, as at an agent's invalid slot;
+    it held what the policy saw at the failed step."""
+    fns = jr.testing.faulty_env_fns(short_cartpole, 3, {1: [jr.testing.FaultPlan(at=(5,))]})
+    envs = jr.SyncVectorEnv(fns, restart_policy=jr.RestartPolicy(backoff_s=0.0))
+    conn = C.Connectors(obs=[C.NormalizeObservation()], reward=C.ScaleReward())
+    with make_runner(envs, conn, rollout_length=12) as runner:
+        traj = jax.device_get(runner.sample())
+    invalid = ~traj.valid
+    assert invalid.any()
+    for name in ("policy_obs", "policy_next_obs", "scaled_reward"):
+        assert not np.any(traj.extras[name][invalid]), name
+    assert np.any(traj.extras["policy_obs"][traj.valid])

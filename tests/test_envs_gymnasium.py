@@ -280,6 +280,22 @@ def test_a_closed_vector_env_is_refused() -> None:
         jr.from_gymnasium(env)
 
 
+def test_a_reset_drops_the_sends_not_yet_received() -> None:
+    """``reset_batch`` drops the results of sends not yet received, as on every backend
+    (docs/concepts.md): the adopted env kept the queued actions and stepped them after
+    the reset, at the next ``recv`` (a ``step`` answered with that stale step)."""
+    fns = counting_env_fns(3)
+    env = gymnasium.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+    with closing(jr.from_gymnasium(env)) as vec, closing(gymnasium_reference(fns)) as ref:
+        vec.reset(seed=SEED), ref.reset(seed=SEED)
+        vec.send(np.full(3, 2, dtype=np.int64))
+        assert_trees_equal(vec.reset(seed=SEED), ref.reset(seed=SEED), "reset")
+        with pytest.raises(InvalidArgumentError, match=r"no send\(\) is waiting"):
+            vec.recv()
+        actions = np.ones(3, dtype=np.int64)
+        assert_trees_equal(vec.step(actions), ref.step(actions), "the step after the reset")
+
+
 def test_make_vec_gymnasium_needs_an_id() -> None:
     refusal = r"registered gymnasium id.*build each sub-env themselves: 'sync'"
     with pytest.raises(InvalidArgumentTypeError, match=refusal):

@@ -127,6 +127,7 @@ class GymnasiumVectorEnv(InProcessSends, GymnasiumSubEnvs, WrappedOutputs, Vecto
     ) -> tuple[Any, Sequence[dict[str, Any]]]:
         self._check_open("reset")
         check_seed_count(seeds, self.num_envs, type(self).__name__)
+        self._sent.clear()  # sends not yet received are dropped, as on every backend
         obs, merged = self._call(
             "reset", self.env.reset, seed=gymnasium_seed(seeds), options=options
         )

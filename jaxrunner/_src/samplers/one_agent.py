@@ -10,6 +10,7 @@ import jax
 import numpy as np
 
 from jaxrunner._src.backends.one_agent import OneAgentSteps
+from jaxrunner._src.connectors.pipeline import POLICY_OBS
 from jaxrunner._src.core import next_obs_store
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
 from jaxrunner._src.core.policy import Params
@@ -93,6 +94,11 @@ class OneAgentSampler:
         if gs.sample_end is not None:
             clock = time.perf_counter()
             traj, connectors = gs.sample_end(gs.state.connectors, traj)
+            seen = traj.extras.get(POLICY_OBS)
+            if seen is not None and not np.all(traj.valid):  # as the other extras: zero
+                invalid = ~np.asarray(traj.valid)  # (a failed step, EnvPool's reset step)
+                for leaf in jax.tree.leaves(seen):
+                    leaf[invalid] = 0
             gs.state = gs.state.replace(connectors=connectors)  # type: ignore[union-attr]
             self.metrics.sample_time_s += time.perf_counter() - clock
         return traj
