@@ -207,6 +207,24 @@ def test_both_modes_refuse_the_arguments_jaxrunner_sets(batch_size: int | None) 
             jr.EnvPoolVectorEnv("CartPole-v1", 4, batch_size=2)
 
 
+@pytest.mark.parametrize("keep_reset_steps", [True, False])
+def test_sync_mode_refuses_per_sub_env_access_by_name_as_async_mode(keep_reset_steps: bool) -> None:
+    """EnvPool's sub-envs live in its C++ threads in either mode: sync mode's ``call``,
+    ``get_attr`` and ``set_attr`` are refused with the fix, as async mode's are (they
+    raised AttributeError: EnvPool's pool has no such methods to forward them to)."""
+    with closing(_envpool(2, keep_reset_steps=keep_reset_steps)) as envs:
+        calls = {
+            "call": lambda: envs.call("render"),
+            "get_attr": lambda: envs.get_attr("spec"),
+            "set_attr": lambda: envs.set_attr("spec", None),
+        }
+        for what, call in calls.items():
+            with pytest.raises(
+                InvalidArgumentError, match=rf"EnvPoolVectorEnv\.{what}\(\): EnvPool's sub-envs"
+            ):
+                call()
+
+
 class _EpisodeLog(jr.Callbacks):
     """Every episode a callback sees end: its id, first observation and length."""
 

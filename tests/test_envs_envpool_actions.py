@@ -138,3 +138,28 @@ print("ok")
 """
     )
     assert out.strip().endswith("ok")
+
+
+def test_the_public_class_refuses_what_make_vec_refuses() -> None:
+    """``jr.EnvPoolVectorEnv`` built directly checks its arguments as ``make_vec`` does:
+    a negative ``num_threads`` aborted the whole process in EnvPool's C++, ``num_envs``
+    below 1 failed EnvPool's bare assert, and a ``keep_reset_steps`` of another type
+    was taken as its truth value."""
+    out = _run_child(
+        """
+from jaxrunner.errors import InvalidArgumentTypeError
+message = refused(
+    InvalidArgumentError, lambda: jr.EnvPoolVectorEnv("CartPole-v1", 4, num_threads=-1)
+)
+assert "EnvPoolVectorEnv(num_threads=-1): expected an int >= 0" in message, message
+for n in (0, -1):
+    message = refused(InvalidArgumentError, lambda: jr.EnvPoolVectorEnv("CartPole-v1", n))
+    assert f"EnvPoolVectorEnv(num_envs={n}): expected an int >= 1" in message, message
+message = refused(
+    InvalidArgumentTypeError, lambda: jr.EnvPoolVectorEnv("CartPole-v1", 2, keep_reset_steps="no")
+)
+assert "EnvPoolVectorEnv(keep_reset_steps='no'): expected True or False" in message, message
+print("ok")
+"""
+    )
+    assert out.strip().endswith("ok")

@@ -19,6 +19,7 @@ from jaxrunner._src.backends.envpool_calls import (
     EnvPoolActions,
     EnvPoolCalls,
     EnvPoolStep,
+    NoSubEnvAccess,
     every_seed,
     pool_builder,
 )
@@ -37,7 +38,7 @@ def _check_order(got: np.ndarray, ids: np.ndarray) -> None:
         )
 
 
-class EnvPoolVectorEnv(GymnasiumVectorEnv):
+class EnvPoolVectorEnv(NoSubEnvAccess, GymnasiumVectorEnv):
     """An EnvPool pool in sync mode (see docs/backends/envpool.md).
 
     Args:
@@ -65,6 +66,7 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         **envpool_kwargs: Any,
     ) -> None:
         self.task_id = task_id
+        check_bool("EnvPoolVectorEnv", "keep_reset_steps", keep_reset_steps)
         self._build = pool_builder("EnvPoolVectorEnv", task_id, num_envs, envpool_kwargs)
         pool = self._build(seed)
         self._calls = EnvPoolCalls(pool)  # EnvPool's C++ calls, without its Python layer

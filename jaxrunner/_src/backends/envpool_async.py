@@ -17,6 +17,7 @@ from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.envpool_calls import (
     EnvPoolActions,
     EnvPoolCalls,
+    NoSubEnvAccess,
     check_env_ids,
     every_seed,
     pool_builder,
@@ -28,7 +29,7 @@ from jaxrunner._src.space_arrays.checks import nonfinite_observations
 from jaxrunner.errors import InvalidArgumentError
 
 
-class EnvPoolAsyncVectorEnv(VectorEnv):
+class EnvPoolAsyncVectorEnv(NoSubEnvAccess, VectorEnv):
     """An EnvPool pool in async mode: ``batch_size`` envs per ``recv`` (docs/backends/envpool.md).
 
     ``keep_reset_steps``: True answers EnvPool's own reset steps as
@@ -305,26 +306,5 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
     def _close_backend(self) -> None:
         self.env.close()
 
-    # EnvPool's sub-envs live in C++ threads: no per-sub-env attributes or rendering.
-
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        raise self._no_sub_envs("call")
-
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        raise self._no_sub_envs("get_attr")
-
-    def set_attr(self, name: str, values: Any) -> None:
-        raise self._no_sub_envs("set_attr")
-
     def render(self) -> Any:
         raise self._no_sub_envs("render")
-
-    def get_sub_environments(self) -> list[Any]:
-        self._check_open("get_sub_environments")
-        raise self._no_sub_envs("get_sub_environments")
-
-    def _no_sub_envs(self, what: str) -> InvalidArgumentError:
-        return InvalidArgumentError(
-            f"EnvPoolAsyncVectorEnv.{what}(): EnvPool's sub-envs are not Python objects this "
-            "process can reach; use the 'sync' or 'process' backend for per-sub-env access."
-        )

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from gymnasium import spaces
 
+from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.backends.steps import EnvIds
 from jaxrunner._src.space_arrays.actions import check_action_batch, passing_batch_test
 from jaxrunner.errors import EnvIndexError, InvalidActionError, InvalidArgumentError
@@ -130,6 +131,10 @@ def pool_builder(
     """``envpool.make_gymnasium`` of this pool, by seed (an int: sub-env ``i`` gets
     ``seed + i``) or one seed per sub-env; refuses the arguments jaxrunner sets itself."""
     envpool = import_envpool()
+    # The classes are built without make_vec too: EnvPool's C++ asserts on num_envs < 1
+    # and aborts the whole process on a negative thread count.
+    check_int(where, "num_envs", num_envs)
+    check_int(where, "num_threads", kwargs.get("num_threads", 0), low=0, hint="0: EnvPool's own")
     for name in ("env_seed", "batch_size", "num_envs"):
         if name in kwargs:
             raise InvalidArgumentError(
@@ -234,3 +239,28 @@ def check_env_ids(env_ids: EnvIds, num_envs: int, in_flight: np.ndarray, who: st
             "their results before sending them again."
         )
     return ids
+
+
+class NoSubEnvAccess:
+    """EnvPool's sub-envs live in its C++ threads: no per-sub-env calls or attributes,
+    in either mode (its pool has no ``call``/``get_attr``/``set_attr`` to forward to)."""
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        raise self._no_sub_envs("call")
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        raise self._no_sub_envs("get_attr")
+
+    def set_attr(self, name: str, values: Any) -> None:
+        raise self._no_sub_envs("set_attr")
+
+    def get_sub_environments(self) -> list[Any]:
+        self._check_open("get_sub_environments")  # type: ignore[attr-defined]
+        raise self._no_sub_envs("get_sub_environments")
+
+    def _no_sub_envs(self, what: str) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            f"{type(self).__name__}.{what}(): EnvPool's sub-envs are not Python objects "
+            "this process can reach; use the 'sync' or 'process' backend for per-sub-env "
+            "access."
+        )
