@@ -309,7 +309,9 @@ def envpool_only(
     """The ``"envpool"`` backend for a task id EnvPool has and gymnasium does not (say
     ``"Pong-v5"``): the one backend that builds it, so nothing is timed. None for any
     other env, or with a restart policy (which EnvPool's pool cannot follow)."""
-    if restart_policy is not None or not envpool_task(env) or env in gymnasium.registry:
+    if not isinstance(env, str) or restart_policy is not None or env in gymnasium.registry:
+        return None  # (the registry first: importing EnvPool costs more)
+    if not envpool_task(env):
         return None
     return LayoutChoice(
         backend="envpool",
