@@ -260,17 +260,24 @@ def _same_spaces(envs: VectorEnv, sync: VectorEnv) -> bool:
         _alike(obs, sync_obs)
         and obs.dtype == sync_obs.dtype
         and _alike(act, sync_act)
-        and (act.dtype == sync_act.dtype or np.can_cast(sync_act.dtype, act.dtype, "safe"))
+        and (
+            act.dtype == sync_act.dtype
+            or (
+                act.dtype is not None
+                and sync_act.dtype is not None
+                and np.can_cast(sync_act.dtype, act.dtype, "safe")
+            )
+        )
     )
 
 
 def _alike(a: gymnasium.Space, b: gymnasium.Space) -> bool:
     """The same space type and shape (and ``Discrete`` range)."""
-    return (
-        type(a) is type(b)
-        and a.shape == b.shape
-        and (not isinstance(a, gymnasium.spaces.Discrete) or (a.n, a.start) == (b.n, b.start))
-    )
+    if type(a) is not type(b) or a.shape != b.shape:
+        return False
+    if isinstance(a, gymnasium.spaces.Discrete) and isinstance(b, gymnasium.spaces.Discrete):
+        return (a.n, a.start) == (b.n, b.start)
+    return True
 
 
 def undecided(times: Mapping[int | str, list[float]]) -> bool:
