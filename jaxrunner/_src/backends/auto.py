@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import importlib.util
 import math
 import statistics
@@ -298,9 +299,7 @@ def envpool_task(env: Any) -> bool:
     """Whether ``env`` is a task id of EnvPool, where it is installed."""
     if not isinstance(env, str) or importlib.util.find_spec("envpool") is None:
         return False
-    import envpool  # type: ignore[import-not-found]  # the optional extra
-
-    return env in envpool.list_all_envs()
+    return env in importlib.import_module("envpool").list_all_envs()  # the optional extra
 
 
 def envpool_only(
