@@ -221,6 +221,25 @@ def test_process_ready_first_matches_lockstep_and_a_slow_env_stalls_only_its_wor
     assert sorted(map(str, order[16:])) == sorted(map(str, [first, second] * 8))
 
 
+def test_process_ready_first_answers_a_waiting_worker_before_a_later_answer():
+    """Worker 1's answer waits while worker 0 steps again: the next recv() is worker
+    1's (it finished first), not worker 0's newer one. Reading one ready worker per
+    wait, the lowest first, starved worker 1 while worker 0 kept answering."""
+    config = jr.ProcessConfig(ready_first=True, num_workers=2)
+    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 4, "process", config=config)
+    out = envs.reset_batch([0, 1, 2, 3])
+    (pid,) = out.groups
+    actions = np.zeros(out.groups[pid].acting.shape, np.int64)
+    envs.send([actions], slice(0, 4))
+    time.sleep(0.5)  # both workers have answered
+    first = envs.recv()
+    envs.send([actions[first.env_ids]], first.env_ids)
+    time.sleep(0.5)  # and that worker again
+    assert [first.env_ids, envs.recv().env_ids] == [slice(0, 2), slice(2, 4)]
+    assert envs.recv().env_ids == slice(0, 2)
+    envs.close()
+
+
 def test_process_ready_first_refuses_splits_and_sends_of_part_of_a_worker():
     config = jr.ProcessConfig(ready_first=True, num_workers=2)
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 4, "process", config=config)

@@ -146,8 +146,8 @@ class WorkerPool:
 
     def read_any(self, ws: list[int]) -> None:
         """Waits until one of workers ``ws`` (each with commands in flight) answers, and
-        keeps its reply; a worker that dies or misses its deadline goes to the
-        :attr:`lost_worker`."""
+        keeps the reply of every worker that has; a worker that dies or misses its
+        deadline goes to the :attr:`lost_worker`."""
         # Ready-first stepping only, where ProcessConfig refuses a main-process share.
         workers = cast(list[WorkerHandle], [self.workers[w] for w in ws])
         by_fd = {worker.sock.fileno(): worker for worker in workers}
@@ -162,8 +162,10 @@ class WorkerPool:
         self.spin.until_readable(poller.poll)
         ready = poller.poll(timeout_ms)
         # Nothing ready: the worker with the first deadline missed it (its read says so).
-        worker = by_fd[ready[0][0]] if ready else first
-        self._read(worker.index)
+        # Every ready worker is read: reading only the first (poll lists them in worker
+        # order) left a worker's earlier answer unread while worker 0 kept answering.
+        for worker in [by_fd[fd] for fd, _ in ready] if ready else [first]:
+            self._read(worker.index)
 
     def _read(self, w: int) -> None:
         try:
