@@ -150,6 +150,22 @@ def test_a_jaxmarl_box_whose_shape_is_one_int_is_a_1d_box():
     assert [g.observation_space.shape for g in envs.groups] == [(658,)]
 
 
+def test_a_jaxmarl_multidiscrete_space_is_a_gymnasium_multidiscrete():
+    """JaxMARL's MultiDiscrete (switch_riddle's observations) converts, as Discrete and
+    Box do; a JaxMARL-style env takes no observation_space=, so a refusal left no way in."""
+    jaxmarl = pytest.importorskip("jaxmarl")
+    from jaxmarl.environments.spaces import MultiDiscrete
+
+    space = jr.multi_agent.to_gymnasium_space(MultiDiscrete([2, 3]))
+    assert space == spaces.MultiDiscrete([2, 3], dtype=np.int32)
+    envs = jr.JaxVectorEnv(jaxmarl.make("switch_riddle"), num_envs=2)
+    (group,) = envs.groups
+    assert group.observation_space == spaces.MultiDiscrete([2, 2], dtype=np.int32)
+    with jr.EnvRunner(envs, random_policy(3), {"w": jnp.zeros(3)}, 6, seed=0) as r:
+        obs = r.sample().to_numpy().groups[group.policy_id].obs
+    assert obs.shape == (6, 2, 3, 2) and ((obs >= 0) & (obs < 2)).all()
+
+
 def test_jaxmarl_mpe_with_connectors_keeps_statistics_of_every_agent_observation():
     jaxmarl = pytest.importorskip("jaxmarl")
     from jaxrunner import connectors as C

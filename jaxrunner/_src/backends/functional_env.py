@@ -131,8 +131,9 @@ def to_gymnasium_space(
     space: Any, where: str = "space", caller: str = "to_gymnasium_space"
 ) -> spaces.Space:
     """A gymnasium space equal to a gymnax or JaxMARL (or duck-typed) space: ``Discrete``
-    (has ``n``), ``Box`` (has ``low``/``high``/``shape``; ``dtype`` float32 if absent),
-    ``Dict`` or ``Tuple``; a gymnasium space as it is. ``caller`` opens the refusal."""
+    (has ``n``), ``MultiDiscrete`` (has ``num_categories``), ``Box`` (has
+    ``low``/``high``/``shape``; ``dtype`` float32 if absent), ``Dict`` or ``Tuple``; a
+    gymnasium space as it is. ``caller`` opens the refusal."""
     if isinstance(space, spaces.Space):
         return space
     inner = getattr(space, "spaces", None)
@@ -146,6 +147,9 @@ def to_gymnasium_space(
         )
     if hasattr(space, "n") and not hasattr(space, "low"):
         return spaces.Discrete(int(space.n))
+    if hasattr(space, "num_categories"):  # JaxMARL's MultiDiscrete (e.g. switch_riddle's)
+        nvec = np.asarray(space.num_categories)
+        return spaces.MultiDiscrete(nvec, dtype=np.dtype(getattr(space, "dtype", np.int64)))
     if all(hasattr(space, a) for a in ("low", "high", "shape")):
         # A JaxMARL Box may give its shape as one int (e.g. Hanabi's): a 1-D shape.
         shape = tuple(np.atleast_1d(space.shape).astype(int).tolist())
@@ -164,9 +168,9 @@ def to_gymnasium_space(
         return spaces.Box(low, high, shape, dtype)
     raise InvalidArgumentTypeError(
         f"{caller}: cannot convert {where} ({space!r:.80}) to a gymnasium space; "
-        "expected a Discrete (with n), a Box (with low, high, shape, dtype), or a Dict or "
-        "Tuple of them. For a gymnax env, pass observation_space=/action_space= as "
-        "gymnasium spaces."
+        "expected a Discrete (with n), a MultiDiscrete (with num_categories), a Box (with "
+        "low, high, shape, dtype), or a Dict or Tuple of them. For a gymnax env, pass "
+        "observation_space=/action_space= as gymnasium spaces."
     )
 
 
