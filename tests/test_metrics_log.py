@@ -72,6 +72,16 @@ def test_writer_sends_flat_metrics_to_callables_and_tensorboard(tmp_path: Path) 
     scalars = read_scalars(tmp_path)
     assert scalars["train/perf/inference_ms"] == [(512, 0.25), (1024, 0.5)]
     assert scalars["train/num_env_steps"] == [(512, 512.0)]
+    # Closed: a write is refused by name (it skipped the TensorBoard file and still
+    # called the sinks); closing again does nothing.
+    events = [p.read_bytes() for p in sorted(tmp_path.glob("events.out.tfevents.*"))]
+    with pytest.raises(
+        jr.errors.ClosedError, match=r"MetricsWriter.write\(\): the writer is closed"
+    ):
+        writer.write(NESTED)
+    writer.close()
+    assert len(seen) == 2
+    assert [p.read_bytes() for p in sorted(tmp_path.glob("events.out.tfevents.*"))] == events
 
 
 def read_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:

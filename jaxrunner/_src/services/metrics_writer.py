@@ -12,7 +12,12 @@ from typing import Any
 import numpy as np
 
 from jaxrunner._src.arg_checks import check_int, check_path, file_above, refusal
-from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, MissingDependencyError
+from jaxrunner.errors import (
+    ClosedError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    MissingDependencyError,
+)
 
 Sink = Callable[..., Any]
 """Called as ``sink(flat_metrics, step=step)``: ``wandb.log`` and
@@ -126,6 +131,7 @@ class MetricsWriter:
                 ) from err
             self._tensorboard = SummaryWriter(logdir=path)
         self._writes = 0
+        self._closed = False
 
     def write(self, metrics: Mapping[str, Any], step: int | None = None) -> dict[str, int | float]:
         """Flattens ``metrics`` and sends them to every sink; returns the flat dict.
@@ -135,6 +141,11 @@ class MetricsWriter:
             step: the x-axis value; by default ``metrics["num_env_steps"]`` where
                 there is one, else the number of earlier writes.
         """
+        if self._closed:  # (its TensorBoard file would be skipped, the sinks still called)
+            raise ClosedError(
+                "MetricsWriter.write(): the writer is closed; make a new MetricsWriter "
+                "(or write before close(), inside its with block)."
+            )
         # First: it refuses a non-mapping by name (before .get raises AttributeError).
         flat = flatten_metrics(metrics, sep=self.sep, prefix=self.prefix)
         if step is None:
@@ -154,7 +165,9 @@ class MetricsWriter:
             self._tensorboard.flush()
 
     def close(self) -> None:
-        """Flushes and closes the TensorBoard file (the sinks are the caller's)."""
+        """Flushes and closes the TensorBoard file (the sinks are the caller's); later
+        writes are refused. Closing again does nothing."""
+        self._closed = True
         if self._tensorboard is not None:
             self._tensorboard.close()
             self._tensorboard = None
