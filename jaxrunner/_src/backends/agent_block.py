@@ -26,6 +26,7 @@ from jaxrunner._src.backends.sub_env_block import (
     SubEnvBlock,
     SubEnvRaised,
     failed_mask,
+    with_env_index,
 )
 from jaxrunner._src.core.agent_groups import AgentGroup, PolicyMappingFn, build_groups
 from jaxrunner._src.space_arrays.checks import all_finite_test, nonfinite_observations
@@ -284,9 +285,7 @@ def located(err: Exception, driver: Driver, call: str) -> Exception:
     """``err`` from ``driver``'s sub-env as the error to raise: jaxrunner's own checks with
     ``env_index`` set, anything the env's code raised as a ``SubEnvRaised``."""
     if isinstance(err, JaxRunnerError):
-        if getattr(err, "env_index", None) is None:
-            err.env_index = driver.env_index  # type: ignore[attr-defined]
-        return err
+        return with_env_index(err, driver.env_index)
     agent = driver.env.agent_selection if isinstance(driver, AECDriver) else None
     return SubEnvRaised(err, driver.env_index, call, agent if isinstance(agent, str) else None)
 

@@ -12,7 +12,6 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.arg_checks import check_seed_count
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.gymnasium_sub_envs import GymnasiumSubEnvs
@@ -125,9 +124,7 @@ class GymnasiumVectorEnv(InProcessSends, GymnasiumSubEnvs, WrappedOutputs, Vecto
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
     ) -> tuple[Any, Sequence[dict[str, Any]]]:
-        self._check_open("reset")
-        check_seed_count(seeds, self.num_envs, type(self).__name__)
-        self._sent.clear()  # sends not yet received are dropped, as on every backend
+        self._begin_reset(seeds)
         obs, merged = self._call(
             "reset", self.env.reset, seed=gymnasium_seed(seeds), options=options
         )

@@ -23,6 +23,7 @@ from jaxrunner._src.backends.sub_env_block import (
     SubEnvBlock,
     SubEnvRaised,
     original,
+    with_env_index,
 )
 from jaxrunner._src.space_arrays import check_flag, check_info, check_reward
 from jaxrunner._src.space_arrays.checks import all_finite_test, nonfinite_observations
@@ -108,8 +109,7 @@ class GymnasiumBlock(SubEnvBlock):
             except JaxRunnerError as err:  # an invalid step, already explained...
                 if type(result) is not tuple:  # ...unless five values, not gymnasium's tuple:
                     step_result(result, i)  # the wrong API, not a fault (a list of five is fine)
-                if getattr(err, "env_index", None) is None:  # as an agent block's errors
-                    err.env_index = i  # type: ignore[attr-defined]
+                with_env_index(err, i)
                 if policy is None:
                     raise
                 errors[i] = err

@@ -9,7 +9,7 @@ import pickle
 from collections.abc import Sequence
 from typing import Any
 
-from jaxrunner._src.arg_checks import check_env_fns
+from jaxrunner._src.arg_checks import check_env_fns, check_seed_count
 from jaxrunner._src.backends.remote_sub_envs import RemoteSubEnvs
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy, close_quietly
 from jaxrunner._src.backends.snapshots import (
@@ -40,6 +40,13 @@ class InProcessSends:
     def _step(self, actions: Any, rows: slice | None) -> Any:
         """Steps envs ``rows`` (None: all; else a slice with step 1 inside the envs)
         now with :meth:`_checked` actions; ``step_batch``'s contract."""
+
+    def _begin_reset(self, seeds: Sequence[Any], call: str = "reset") -> None:
+        """``reset_batch``'s checks, then the sends not yet received are dropped (as on
+        every backend)."""
+        self._check_open(call)  # type: ignore[attr-defined]
+        check_seed_count(seeds, self.num_envs, type(self).__name__)  # type: ignore[attr-defined]
+        self._sent.clear()
 
     def send(self, actions: Any, env_ids: EnvIds = None) -> None:
         self._check_open("step")  # type: ignore[attr-defined]

@@ -46,6 +46,14 @@ class SubEnvRaised(EnvError):
         self.agent_id = agent_id
 
 
+def with_env_index(err: Exception, env_index: int) -> Exception:
+    """``err`` (a jaxrunner check's, about sub-env ``env_index``) with its ``env_index``
+    set where the check left it unset, as either block raises it."""
+    if getattr(err, "env_index", None) is None:
+        err.env_index = env_index  # type: ignore[attr-defined]
+    return err
+
+
 def original(err: BaseException) -> BaseException:
     """The sub-env's own exception behind a :class:`SubEnvRaised` (else ``err``)."""
     return err.__cause__ if isinstance(err, SubEnvRaised) and err.__cause__ else err

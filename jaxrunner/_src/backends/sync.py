@@ -11,7 +11,6 @@ from typing import Any
 import gymnasium
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.arg_checks import check_seed_count
 from jaxrunner._src.backends.agent_block import AgentBlock, env_groups
 from jaxrunner._src.backends.base import (
     MultiAgentVectorEnv,
@@ -87,9 +86,7 @@ class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
     ) -> tuple[Any, list[dict[str, Any]]]:
-        self._check_open("reset")
-        check_seed_count(seeds, self.num_envs, type(self).__name__)
-        self._sent.clear()  # sends not yet received are dropped, as on every backend
+        self._begin_reset(seeds)
         return self._obs, self._block.reset(seeds, options)
 
     def reset_at(
@@ -165,9 +162,7 @@ class SyncMultiAgentVectorEnv(BlockForwarding, InProcessSends, MultiAgentVectorE
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
     ) -> MultiAgentStep:
-        self._check_open("reset_batch")
-        check_seed_count(seeds, self.num_envs, type(self).__name__)
-        self._sent.clear()  # sends not yet received are dropped, as on every backend
+        self._begin_reset(seeds, "reset_batch")
         return self._block.result(self._block.reset(seeds, options))
 
     def _checked(self, actions: Sequence[Any], rows: slice | None) -> Any:

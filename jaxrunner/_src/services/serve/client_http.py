@@ -241,7 +241,7 @@ class ClientCore:
                 "https:// URL, as PolicyServer.url gives it (e.g. 'http://127.0.0.1:8000')."
             )
         # Checked here: the server refuses other names on every start_episode (422).
-        if client_id not in (None, "") and not isinstance(client_id, str):
+        if client_id is not None and not isinstance(client_id, str):
             raise errors.InvalidArgumentTypeError(
                 f"{type(self).__name__}(client_id={client_id!r:.80}): expected a str or None, "
                 f"got {type(client_id).__name__}."
