@@ -195,22 +195,28 @@ class EnvPoolVectorEnv(NoSubEnvAccess, GymnasiumVectorEnv):
         return self.recv()
 
     def _answer(self, out: EnvPoolStep) -> BatchStep:
-        """A step of EnvPool's own NEXT_STEP autoreset, with its reset rows."""
+        """A step of EnvPool's own NEXT_STEP autoreset, with its reset rows, in this
+        adapter's own buffers (the runner's views of them hold from step to step)."""
+        space = self.single_observation_space
         if self._calls.direct:  # EnvPool's fresh arrays of its spec: values checked only
-            next_obs, terminated, truncated = out.obs, out.terminated, out.truncated
             self._reward[:] = out.reward
             if not np.isfinite(self._reward).all():
-                self._store_flags(out.reward, terminated, truncated)  # raises, naming the env
+                self._store_flags(out.reward, out.terminated, out.truncated)  # raises, naming it
+            check_finite_observations(space, out.obs, "step")
+            self._terminated[:] = out.terminated
+            self._truncated[:] = out.truncated
+            space_arrays.copy_into(space, self._obs, out.obs)
+            next_obs = self._obs
         else:
             self._store(self._next_obs, out.obs, "step")
             self._store_flags(out.reward, out.terminated, out.truncated)
-            next_obs, terminated, truncated = self._next_obs, self._terminated, self._truncated
-        space = self.single_observation_space
-        check_finite_observations(space, next_obs, "step")
-        space_arrays.copy_into(space, self._obs, next_obs)  # for reset_at and gymnasium's step
-        reset, self._ended = self._ended, terminated | truncated
+            check_finite_observations(space, self._next_obs, "step")
+            space_arrays.copy_into(space, self._obs, self._next_obs)  # for reset_at
+            next_obs = self._next_obs
+        # A new array each step: the next step's reset rows.
+        reset, self._ended = self._ended, self._terminated | self._truncated
         return BatchStep(
-            next_obs, next_obs, self._reward, terminated, truncated,
+            next_obs, next_obs, self._reward, self._terminated, self._truncated,
             SplitInfos(out.info, self.num_envs), EMPTY_RESET_INFOS,
             reset_rows=reset if reset.any() else None,
         )  # fmt: skip

@@ -95,14 +95,16 @@ class OneAgentSteps:
         if (
             out.obs is block.obs and out.next_obs is block.next_obs and out.reward is block.reward
             and out.terminated is block.terminated and out.truncated is block.truncated
-            and out.failed is None and out.reset_rows is None
-        ):  # the very arrays of the last step, a plain one: its views hold  # fmt: skip
+            and out.failed is None
+        ):  # the very arrays of the last step, none failed: its views hold  # fmt: skip
             # (bool flags, checked when kept: bitwise_or is logical_or at half the cost)
             done = np.bitwise_or(out.terminated, out.truncated, block.start)
+            if out.reset_rows is not None:  # the env's reset steps: the episode starts next
+                done |= out.reset_rows
             return _new_step(
                 MultiAgentStep,
                 (block.groups, done, out.reward, block.no_reward, out.infos, None, out.errors,
-                 rows, None),
+                 rows, out.reset_rows),
             )  # fmt: skip
         lo, hi = block.lo, block.hi
         done = np.logical_or(out.terminated, out.truncated, out=block.start)
