@@ -4,6 +4,7 @@ actions). See docs/backends/envpool.md."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,7 +27,7 @@ from jaxrunner._src.backends.envpool_calls import (
 from jaxrunner._src.backends.gymnasium_adapter import GymnasiumVectorEnv, gymnasium_seed
 from jaxrunner._src.backends.steps import BatchStep, EnvIds, block_rows
 from jaxrunner._src.backends.vector_infos import EMPTY_RESET_INFOS, SplitInfos
-from jaxrunner._src.space_arrays.checks import check_finite_observations
+from jaxrunner._src.space_arrays.checks import check_finite_observations, finite_batch_test
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -72,6 +73,7 @@ class EnvPoolVectorEnv(NoSubEnvAccess, GymnasiumVectorEnv):
         self._calls = EnvPoolCalls(pool)  # EnvPool's C++ calls, without its Python layer
         super().__init__(pool, masked_reset=self._reset_masked, copy=copy)
         self._action_check = EnvPoolActions(task_id, self.single_action_space)
+        self._obs_finite = finite_batch_test(self.single_observation_space)
         self.keep_reset_steps = bool(keep_reset_steps)
         # Sub-envs whose episode ended in the last call, reset in the next (a new array
         # each call: a BatchStep keeps the last one as its reset rows).
@@ -199,10 +201,12 @@ class EnvPoolVectorEnv(NoSubEnvAccess, GymnasiumVectorEnv):
         adapter's own buffers (the runner's views of them hold from step to step)."""
         space = self.single_observation_space
         if self._calls.direct:  # EnvPool's fresh arrays of its spec: values checked only
-            self._reward[:] = out.reward
-            if not np.isfinite(self._reward).all():
-                self._store_flags(out.reward, out.terminated, out.truncated)  # raises, naming it
-            check_finite_observations(space, out.obs, "step")
+            reward = self._reward
+            reward[:] = out.reward
+            if not math.isfinite(reward.dot(reward)):  # (or finite ones that overflow)
+                self._store_flags(out.reward, out.terminated, out.truncated)  # raises if not
+            if self._obs_finite is not None and not self._obs_finite(out.obs):
+                check_finite_observations(space, out.obs, "step")
             self._terminated[:] = out.terminated
             self._truncated[:] = out.truncated
             space_arrays.copy_into(space, self._obs, out.obs)

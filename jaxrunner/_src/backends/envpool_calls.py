@@ -5,6 +5,7 @@ range, async env ids). See docs/backends/envpool.md."""
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -75,6 +76,7 @@ class EnvPoolCalls:
         """True where the C++ calls are driven directly, False through the public API."""
         if self.direct:
             self._at = [state_keys.index(key) for key in _STATE_KEYS]
+            self._take = operator.itemgetter(*self._at)
             self._action_dtype = np.dtype(pool._spec._action_spec[-1][0])
 
     def send(self, actions: Any, env_ids: np.ndarray | None = None) -> None:
@@ -94,7 +96,7 @@ class EnvPoolCalls:
             obs, reward, terminated, truncated, info = self.pool.recv()
             return EnvPoolStep(np.asarray(info["env_id"]), obs, reward, terminated, truncated, info)
         state = self.pool._recv()
-        ids, obs, reward, done, trunc = (state[i] for i in self._at)
+        ids, obs, reward, done, trunc = self._take(state)
         info = _InfoOnRead(self.pool, state, False)
         return EnvPoolStep(ids, obs, reward, done & ~trunc, trunc, info)
 

@@ -267,7 +267,7 @@ class HostLoop:
             env_level.terminated[index] = out.env_done
             ro.unassigned[index] = out.unassigned_reward  # type: ignore[index]
         if out.failed is not None or out.reset_rows is not None:
-            self._faults(ro, out, t, np.arange(lo, hi), slice(None))
+            self._faults(ro, out, t, slice(lo, hi), slice(None))
         if self._live is not None:
             if self._infos is not None and len(self._infos.keys) != self._live.num_info_keys:
                 self._rows = self.rows_view(ro.traj)  # with the entries first reported now
@@ -275,14 +275,18 @@ class HostLoop:
             self._live.step(lo, hi, t, out, self._rows)
         perf["obs_processing_ms"] += perf_counter() - clock
 
-    def _faults(self, ro: Rollout, out: MultiAgentStep, t: Any, envs: np.ndarray, sel: Any) -> None:
+    def _faults(
+        self, ro: Rollout, out: MultiAgentStep, t: Any, envs: np.ndarray | slice, sel: Any
+    ) -> None:
         """Rows ``sel`` of ``out`` (envs ``envs``, at their steps ``t``) where it failed or
         where it holds the env's reset steps."""
-        index = (t, envs)
+        index = (t, envs)  # (lockstep: a slice of envs, written without a fancy index)
         if out.failed is not None:  # faults: their episodes end, their actions are dropped
             failed = out.failed[sel]
             ro.level.valid[index] = ~failed
             if not self._one_agent:  # (a single agent's slot keeps what it acted on)
+                if isinstance(envs, slice):
+                    envs = np.arange(envs.start, envs.stop)
                 self.metrics.num_dropped_agent_steps += sum(
                     gs.drop(failed, (ro.leaves[pid], t, envs, sel)) for pid, gs in self._parts
                 )

@@ -11,7 +11,13 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src.space_arrays.buffers import LEAF_SPACES, leaf_spaces, leaf_spec, leaves
+from jaxrunner._src.space_arrays.buffers import (
+    LEAF_SPACES,
+    allocate,
+    leaf_spaces,
+    leaf_spec,
+    leaves,
+)
 from jaxrunner.errors import InvalidStepError, SpaceMismatchError
 
 SUPPORTED_SPACES = (*LEAF_SPACES, spaces.Dict, spaces.Tuple)
@@ -172,6 +178,25 @@ def _float_leaves(space: spaces.Space, tree: Any, path: str) -> list[tuple[str, 
             for leaf in _float_leaves(sub, tree[j], f"{path}[{j}]")
         ]
     return []  # not an array: nothing to check
+
+
+def finite_batch_test(space: spaces.Space) -> Callable[[Any], bool] | None:
+    """``test(batch)``: :func:`all_finite_test` of a whole batch, for a backend that hands
+    out new arrays each step; None without a float leaf."""
+    if not _float_leaves(space, allocate(space, (1,)), "obs"):
+        return None
+    isfinite = math.isfinite
+    if type(space) in LEAF_SPACES:  # one array: no tree walked per step
+        return lambda batch: isfinite((flat := batch.reshape(-1)).dot(flat))
+
+    def test(batch: Any) -> bool:
+        for _, leaf in _float_leaves(space, batch, "obs"):
+            flat = leaf.reshape(-1)
+            if not isfinite(flat.dot(flat)):
+                return False
+        return True
+
+    return test
 
 
 def all_finite_test(space: spaces.Space, buffer: Any) -> Callable[[int, int], bool] | None:
