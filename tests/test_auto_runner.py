@@ -166,6 +166,27 @@ def test_pick_layout_takes_envpool_past_the_tie_and_says_so():
     assert even.backend == "envpool"  # equal rates: no worker processes
 
 
+def test_pick_layout_takes_envpool_on_one_thread_only_where_faster_and_says_so():
+    rule = choose_layout(1.0, 64, cpus=2)
+    rates = {0: 100.0, "envpool": 150.0, "envpool-1": 170.0, 1: 90.0}
+    one = pick_layout(rule, rates, policy_step_us=5)
+    assert (one.backend, one.num_workers, one.envpool_threads) == ("envpool", 0, 1)
+    assert one.reason.endswith(
+        "sync 100, 1 worker 90, envpool 150, envpool on 1 thread 170; kept envpool on 1 thread"
+    )
+    assert one.tried == ((0, 100.0), (1, 90.0)) and one.tried_envpool == 150.0
+    metrics = one.metrics()
+    assert metrics["envpool_threads"] == 1
+    assert metrics["tried_envpool_one_thread_steps_per_s"] == 170
+    even = pick_layout(rule, {**rates, "envpool-1": 150.0}, policy_step_us=5)
+    assert (even.backend, even.envpool_threads) == ("envpool", None)  # a tie: EnvPool's own
+    assert even.metrics()["envpool_threads"] == 0
+    sync = pick_layout(rule, {0: 100.0, "envpool": 90.0, "envpool-1": 104.0}, policy_step_us=5)
+    assert (sync.backend, sync.envpool_threads) == ("sync", None)
+    untried = pick_layout(rule, {0: 100.0, "envpool": 90.0}, policy_step_us=5)
+    assert "envpool_threads" not in untried.metrics()
+
+
 def test_refusals_say_what_to_do():
     policy, params = _policy_and_params()
     with pytest.raises(InvalidArgumentTypeError, match="backend='process' with your config"):

@@ -462,11 +462,12 @@ def test_default_sends_in_the_background() -> None:
             mine.send(np.zeros(2, np.int64), slice(0, 2))
 
 
-@pytest.mark.parametrize("winner", ["envpool", 0])
+@pytest.mark.parametrize("winner", ["envpool", "envpool-1", 0])
 def test_from_env_tries_envpool_and_builds_what_it_chose(monkeypatch, winner) -> None:
-    """Where EnvPool has the id, ``from_env``'s trial times its backend too (the rule
-    keeps these cheap envs in sync, so nothing else is tried); the runner built is the
-    one a user builds by hand on the chosen backend."""
+    """Where EnvPool has the id, ``from_env``'s trial times its backend too, on EnvPool's
+    own thread count and on one thread (the rule keeps these cheap envs in sync, so
+    nothing else is tried); the runner built is the one a user builds by hand on the
+    chosen backend."""
     from jaxrunner._src.runner import auto_layout
 
     picked: list[dict] = []
@@ -474,7 +475,8 @@ def test_from_env_tries_envpool_and_builds_what_it_chose(monkeypatch, winner) ->
 
     def rigged(rule, rates, *, policy_step_us):  # the real rates, then a set winner
         picked.append(dict(rates))
-        return real_pick(rule, {0: 1.0, "envpool": 1.0, winner: 2.0}, policy_step_us=5.0)
+        rigged_rates = {0: 1.0, "envpool": 1.0, "envpool-1": 1.0, winner: 2.0}
+        return real_pick(rule, rigged_rates, policy_step_us=5.0)
 
     monkeypatch.setattr(auto_layout, "pick_layout", rigged)
     env = gymnasium.make("CartPole-v1")
@@ -483,10 +485,17 @@ def test_from_env_tries_envpool_and_builds_what_it_chose(monkeypatch, winner) ->
     with jr.EnvRunner.from_env("CartPole-v1", 4, policy, params, 8, SEED) as runner:
         got = runner.sample()
         choice = runner.envs.layout_choice
-    assert len(picked) == 1 and set(picked[0]) == {0, "envpool"} and min(picked[0].values()) > 0
-    assert choice is not None and choice.backend == ("envpool" if winner else "sync")
+        threads = runner.envs.env.config["num_threads"] if winner else None
+    assert len(picked) == 1 and set(picked[0]) == {0, "envpool", "envpool-1"}
+    assert min(picked[0].values()) > 0
     backend = "envpool" if winner else "sync"
-    with jr.EnvRunner(jr.make_vec("CartPole-v1", 4, backend), policy, params, 8, SEED) as ref:
+    assert choice is not None and choice.backend == backend
+    assert choice.envpool_threads == (1 if winner == "envpool-1" else None)
+    assert threads == (1 if winner == "envpool-1" else 0 if winner else None)  # 0: EnvPool's
+    assert choice.metrics()["envpool_threads"] == (winner == "envpool-1")
+    by_hand = {"num_threads": 1} if winner == "envpool-1" else {}
+    envs = jr.make_vec("CartPole-v1", 4, backend, **by_hand)
+    with jr.EnvRunner(envs, policy, params, 8, SEED) as ref:
         assert_trees_equal(got, ref.sample(), f"from_env(auto -> {backend}) vs by hand")
 
 

@@ -58,6 +58,12 @@ class LayoutChoice:
     tried (EnvPool not installed, the id not EnvPool's, or its spaces not the env's)."""
     policy_step_us: float | None = None
     """The policy's time per vector step in that trial (sync), in microseconds."""
+    envpool_threads: int | None = None
+    """EnvPool's ``num_threads`` where the trial chose its pool on one thread; None:
+    EnvPool's own count (one per sub-env, up to the CPUs)."""
+    tried_envpool_one_thread: float | None = None
+    """Env steps/s of the ``"envpool"`` backend on one thread in that trial (cheap envs:
+    no handing of each step between threads); None where it was not tried."""
 
     def process_config(self) -> ProcessConfig | None:
         """The ``ProcessConfig`` that builds this layout (None for sync): its workers,
@@ -83,6 +89,9 @@ class LayoutChoice:
         if self.tried_envpool is not None:
             metrics["envpool"] = int(self.backend == "envpool")
             metrics["tried_envpool_steps_per_s"] = self.tried_envpool
+        if self.tried_envpool_one_thread is not None:
+            metrics["envpool_threads"] = self.envpool_threads or 0  # 0: EnvPool's own
+            metrics["tried_envpool_one_thread_steps_per_s"] = self.tried_envpool_one_thread
         return metrics
 
 

@@ -43,6 +43,8 @@ SYNC_TIE = 1.05
 layout, with no processes to start, wins (and among workers, the fewer)."""
 ENVPOOL = "envpool"
 """The trial's key of the ``"envpool"`` backend (the others are worker counts, 0 sync)."""
+ENVPOOL_ONE_THREAD = "envpool-1"
+"""The trial's key of the ``"envpool"`` backend with ``num_threads=1``."""
 TRIAL_OPTIONS = ("num_splits", "connectors", "info_keys", "compact_next_obs")
 """The runner options that change the work of a step, which the trial runners share."""
 
@@ -101,11 +103,11 @@ def from_env(
             f"e.g. env=lambda: gymnasium.make(env_id, {taken[0]}=...)."
         )
 
-    def build(backend: str, config: Any) -> Any:
+    def build(backend: str, config: Any, **pool: Any) -> Any:
         spec: Any = env  # an id or a factory: make_vec's overloads type them apart
         return make_vec(
             spec, num_envs, backend, config=config, restart_policy=restart_policy,
-            policy_mapping_fn=policy_mapping_fn, **env_kwargs,
+            policy_mapping_fn=policy_mapping_fn, **env_kwargs, **pool,
         )  # fmt: skip
 
     choice = None
@@ -124,7 +126,8 @@ def from_env(
                     runner_options, envpool,
                 )  # fmt: skip
         backend, config = choice.backend, choice.process_config()
-    envs = build(backend, config)
+    threads = choice and choice.envpool_threads
+    envs = build(backend, config, **({"num_threads": threads} if threads else {}))
     if choice is not None:
         envs.layout_choice = choice
     try:
@@ -166,8 +169,8 @@ def _trial(
     runners: dict[int | str, Any] = {}
     failed: dict[int | str, Exception] = {}
     keys: list[int | str] = [*trial_workers(rule)] if rule.backend == "process" else [0]
-    if envpool:
-        keys.append(ENVPOOL)
+    if envpool:  # EnvPool's own thread count, and one thread where that differs
+        keys += [ENVPOOL, ENVPOOL_ONE_THREAD] if min(num_envs, rule.cpus) > 1 else [ENVPOOL]
 
     def timed_sample(key: int | str) -> float:
         """Seconds per valid transition of one sample of ``key``'s runner."""
@@ -192,8 +195,9 @@ def _trial(
         for key in keys:
             envs: Any = None
             try:
-                if key == ENVPOOL:
-                    envs = make_vec(env, num_envs, ENVPOOL)
+                if key in (ENVPOOL, ENVPOOL_ONE_THREAD):
+                    threads: dict[str, Any] = {"num_threads": 1} if key != ENVPOOL else {}
+                    envs = make_vec(env, num_envs, ENVPOOL, **threads)
                     if not _same_spaces(envs, runners[0].envs):  # the policy's: sync's
                         envs.close()
                         continue
@@ -232,7 +236,9 @@ def _trial(
         dropped = "; ".join(
             f"{_label(key)} failed ({err!r})" for key, err in sorted(failed.items(), key=str)
         )
-        kept = ENVPOOL if choice.backend == ENVPOOL else choice.num_workers
+        kept: int | str = choice.num_workers
+        if choice.backend == ENVPOOL:
+            kept = ENVPOOL_ONE_THREAD if choice.envpool_threads else ENVPOOL
         warnings.warn(
             f'EnvRunner.from_env(backend="auto"): in the trial of layouts, {dropped}; '
             f"dropped, and {_label(kept)} kept.",
@@ -303,29 +309,36 @@ def pick_layout(
     """The layout with the most env steps/s in the trial (``rates``, by worker count,
     0 being sync, and :data:`ENVPOOL`), where it beats sync's by :data:`SYNC_TIE`, else
     sync (on a tie, the fewer processes); the choice records every rate and why."""
-    best = max(rates, key=lambda key: (rates[key], -_processes(key)))
+    # (on a tie: fewer processes, then EnvPool's own threads before one)
+    best = max(rates, key=lambda key: (rates[key], -_processes(key), key != ENVPOOL_ONE_THREAD))
     if rates[best] <= SYNC_TIE * rates[0]:
         best = 0
-    order = sorted(rates, key=lambda key: (key == ENVPOOL, _processes(key)))
+    pools = (ENVPOOL, ENVPOOL_ONE_THREAD)
+    # sync, the workers by count, then EnvPool's own threads and one
+    order = sorted(rates, key=lambda key: (pools.index(key) + 1 if key in pools else 0, key))
     tried = ", ".join(f"{_label(key)} {rates[key]:,.0f}" for key in order)
-    backend = ENVPOOL if best == ENVPOOL else "process" if best else "sync"
+    backend = ENVPOOL if best in pools else "process" if best else "sync"
     return dataclasses.replace(
         rule,
         backend=backend,
         num_workers=_processes(best),
         reason=f"{rule.reason}; tried with the policy (env steps/s): {tried}; kept {_label(best)}",
-        tried=tuple((int(key), rates[key]) for key in order if key != ENVPOOL),
+        tried=tuple((int(key), rates[key]) for key in order if key not in pools),
         tried_envpool=rates.get(ENVPOOL),
         policy_step_us=policy_step_us,
+        envpool_threads=1 if best == ENVPOOL_ONE_THREAD else None,
+        tried_envpool_one_thread=rates.get(ENVPOOL_ONE_THREAD),
     )
 
 
 def _processes(key: int | str) -> int:
     """Processes a layout adds (EnvPool's are threads)."""
-    return 0 if key == ENVPOOL else int(key)
+    return 0 if key in (ENVPOOL, ENVPOOL_ONE_THREAD) else int(key)
 
 
 def _label(key: int | str) -> str:
     if key == ENVPOOL:
         return "envpool"
+    if key == ENVPOOL_ONE_THREAD:
+        return "envpool on 1 thread"
     return "sync" if key == 0 else f"{key} worker{'s' if int(key) > 1 else ''}"

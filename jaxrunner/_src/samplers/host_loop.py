@@ -285,10 +285,9 @@ class HostLoop:
             failed = out.failed[sel]
             ro.level.valid[index] = ~failed
             if not self._one_agent:  # (a single agent's slot keeps what it acted on)
-                if isinstance(envs, slice):
-                    envs = np.arange(envs.start, envs.stop)
+                rows = np.arange(envs.start, envs.stop) if isinstance(envs, slice) else envs
                 self.metrics.num_dropped_agent_steps += sum(
-                    gs.drop(failed, (ro.leaves[pid], t, envs, sel)) for pid, gs in self._parts
+                    gs.drop(failed, (ro.leaves[pid], t, rows, sel)) for pid, gs in self._parts
                 )
         if out.reset_rows is not None:  # the env's reset steps: no transition, no fault
             reset = out.reset_rows[sel]
