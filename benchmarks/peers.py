@@ -80,6 +80,7 @@ from typing import Any
 
 import peer_child
 from peer_loops import RLLIB_HIDDEN, RLlibLoop, peer_labels
+from script_report import source_commit
 
 from jaxrunner._src import bench
 from jaxrunner._src.bench import plot
@@ -370,6 +371,7 @@ def main() -> None:
         "benchmark": "peers",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["python", *sys.argv]),
+        "commit": source_commit(),
         "python_executable": sys.executable,
         "config": {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in vars(args).items()},
         "env": env,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import pathlib
+import subprocess
 import sys
 from typing import Any
 
@@ -39,12 +41,13 @@ def write_report(
     results: list[dict[str, Any]],
     machine: dict[str, Any] | None = None,
 ) -> None:
-    """Prints a benchmark's JSON report (its name, date, command line, options,
+    """Prints a benchmark's JSON report (its name, date, command line, commit, options,
     ``machine`` or :func:`machine_info`, results) and writes it to ``args.out`` if set."""
     report = {
         "benchmark": benchmark,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["python", *sys.argv]),
+        "commit": source_commit(),
         "config": {**vars(args), "out": str(args.out)},
         "machine": machine_info() if machine is None else machine,
         "results": results,
@@ -54,3 +57,20 @@ def write_report(
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
     print(text)
+
+
+def source_commit() -> str | None:
+    """The checkout's commit, ``+changes`` where its tracked files differ from it (None
+    outside a git checkout): what the figures measured."""
+    repo = pathlib.Path(__file__).resolve().parent.parent
+
+    def git(*command: str) -> str:
+        return subprocess.run(
+            ["git", *command], cwd=repo, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "--short=12", "HEAD")
+        return commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
