@@ -178,8 +178,10 @@ def test_pick_layout_takes_envpool_on_one_thread_only_where_faster_and_says_so()
     metrics = one.metrics()
     assert metrics["envpool_threads"] == 1
     assert metrics["tried_envpool_one_thread_steps_per_s"] == 170
+    near = pick_layout(rule, {**rates, "envpool-1": 150.0 * SYNC_TIE}, policy_step_us=5)
+    assert (near.backend, near.envpool_threads) == ("envpool", None)  # a near tie: its own
     even = pick_layout(rule, {**rates, "envpool-1": 150.0}, policy_step_us=5)
-    assert (even.backend, even.envpool_threads) == ("envpool", None)  # a tie: EnvPool's own
+    assert (even.backend, even.envpool_threads) == ("envpool", None)
     assert even.metrics()["envpool_threads"] == 0
     sync = pick_layout(rule, {0: 100.0, "envpool": 90.0, "envpool-1": 104.0}, policy_step_us=5)
     assert (sync.backend, sync.envpool_threads) == ("sync", None)

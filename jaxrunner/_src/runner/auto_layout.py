@@ -307,10 +307,12 @@ def pick_layout(
     rule: LayoutChoice, rates: Mapping[int | str, float], *, policy_step_us: float
 ) -> LayoutChoice:
     """The layout with the most env steps/s in the trial (``rates``, by worker count,
-    0 being sync, and :data:`ENVPOOL`), where it beats sync's by :data:`SYNC_TIE`, else
-    sync (on a tie, the fewer processes); the choice records every rate and why."""
-    # (on a tie: fewer processes, then EnvPool's own threads before one)
-    best = max(rates, key=lambda key: (rates[key], -_processes(key), key != ENVPOOL_ONE_THREAD))
+    0 being sync, :data:`ENVPOOL` and :data:`ENVPOOL_ONE_THREAD`), where it beats sync's
+    by :data:`SYNC_TIE`, else sync (on a tie, the fewer processes; EnvPool on one thread
+    must beat it on its own count by as much); the choice records every rate and why."""
+    best = max(rates, key=lambda key: (rates[key], -_processes(key)))
+    if best == ENVPOOL_ONE_THREAD and rates[best] <= SYNC_TIE * rates.get(ENVPOOL, 0.0):
+        best = ENVPOOL  # one thread must beat EnvPool's own count by as much
     if rates[best] <= SYNC_TIE * rates[0]:
         best = 0
     pools = (ENVPOOL, ENVPOOL_ONE_THREAD)
