@@ -14,12 +14,17 @@ in blocks of calls, interleaved round by round (medians of the rounds kept):
   a step's outputs (actions checked, rewards stored and checked, observations checked
   and copied for ``reset_at``, the ended envs noted);
 * ``step_batch``: ``EnvPoolVectorEnv(keep_reset_steps=True).step_batch``, back to
-  back: ``envpool_calls`` plus the adapter's work.
+  back: ``envpool_calls`` plus the adapter's work;
+* ``send_after_{g}us`` and ``recv_after_{g}us`` (``--gaps``): EnvPool's C++ send and
+  recv timed apart, each step after ``g`` us of busy work (a loop's policy and
+  recording between a recv and the next send).
 
 EnvPool's worker threads keep polling for the next batch after a step, so on a machine
 with fewer cores than threads the work that follows a step runs beside them and slows
 the next step down: the difference between ``envpool_step_then_10us`` and
-``envpool_step`` is what any loop pays for not calling ``step`` back to back.
+``envpool_step`` is what any loop pays for not calling ``step`` back to back. After a
+longer gap the threads have gone to sleep, and the next send pays to wake them: the
+``send_after`` parts show how that grows with the gap.
 
 Usage (needs the ``envpool`` extra)::
 
@@ -30,12 +35,14 @@ Usage (needs the ``envpool`` extra)::
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import pathlib
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from script_report import write_report
@@ -43,15 +50,35 @@ from script_report import write_report
 import jaxrunner as jr
 from jaxrunner._src import space_arrays
 from jaxrunner._src.bench import machine_info
-from jaxrunner._src.space_arrays.checks import check_finite_observations
 
 BUSY_S = 10e-6
 
 
-def _busy() -> None:
-    until = time.perf_counter() + BUSY_S
+def _busy(seconds: float = BUSY_S) -> None:
+    until = time.perf_counter() + seconds
     while time.perf_counter() < until:
         pass
+
+
+def gap_parts(num_envs: int, gaps_us: list[float]) -> dict[str, Callable[[], float]]:
+    """Per gap: a step after that much busy work, returning its C++ send's and recv's
+    seconds (``send_after_{g}us`` and ``recv_after_{g}us``)."""
+    vec = jr.make_vec("CartPole-v1", num_envs, backend="envpool", keep_reset_steps=True)
+    vec.reset_batch([None] * num_envs)
+    calls, actions = vec._calls, np.zeros(num_envs, np.int64)
+    parts: dict[str, Callable[[], float]] = {}
+    for gap in gaps_us:
+
+        def step(gap_s: float = gap * 1e-6) -> Any:
+            _busy(gap_s)
+            start = time.perf_counter()
+            calls.send(actions)
+            sent = time.perf_counter()
+            calls.recv()
+            return sent - start, time.perf_counter() - sent
+
+        parts[f"after_{gap:g}us"] = step
+    return parts
 
 
 def parts(num_envs: int) -> dict[str, Callable[[], object]]:
@@ -62,13 +89,15 @@ def parts(num_envs: int) -> dict[str, Callable[[], object]]:
     out = vec._calls.step(actions)
     space = vec.single_observation_space
 
-    def adapter_work() -> None:  # EnvPoolVectorEnv._step's own work, on one step's outputs
+    def adapter_work() -> None:  # EnvPoolVectorEnv._answer's own work, on one step's outputs
         vec._check_actions(actions)
         vec._reward[:] = out.reward
-        np.isfinite(vec._reward).all()
-        check_finite_observations(space, out.obs, "step")
+        math.isfinite(vec._reward.dot(vec._reward))
+        vec._obs_finite(out.obs)
+        vec._terminated[:] = out.terminated
+        vec._truncated[:] = out.truncated
         space_arrays.copy_into(space, vec._obs, out.obs)
-        vec._ended = out.terminated | out.truncated
+        vec._ended = vec._terminated | vec._truncated
 
     def step_then_busy() -> None:
         vec.env.step(actions)
@@ -83,12 +112,14 @@ def parts(num_envs: int) -> dict[str, Callable[[], object]]:
     }
 
 
-def measure(num_envs: int, rounds: int, calls: int) -> dict:
+def measure(num_envs: int, rounds: int, calls: int, gaps_us: list[float]) -> dict:
     timed = parts(num_envs)
-    for fn in timed.values():  # warm up
+    gapped = gap_parts(num_envs, gaps_us)
+    for fn in [*timed.values(), *gapped.values()]:  # warm up
         for _ in range(200):
             fn()
     us: dict[str, list[float]] = {name: [] for name in timed}
+    us |= {f"{call}_{name}": [] for name in gapped for call in ("send", "recv")}
     for k in range(rounds):
         for name in list(timed) if k % 2 == 0 else list(reversed(timed)):
             fn = timed[name]
@@ -96,6 +127,10 @@ def measure(num_envs: int, rounds: int, calls: int) -> dict:
             for _ in range(calls):
                 fn()
             us[name].append(1e6 * (time.perf_counter() - start) / calls)
+        for name in list(gapped) if k % 2 == 0 else list(reversed(gapped)):
+            sums = np.sum([gapped[name]() for _ in range(calls)], axis=0)
+            us[f"send_{name}"].append(1e6 * sums[0] / calls)
+            us[f"recv_{name}"].append(1e6 * sums[1] / calls)
     us["envpool_step_then_10us"] = [t - 1e6 * BUSY_S for t in us["envpool_step_then_10us"]]
     return {
         "num_envs": num_envs,
@@ -110,11 +145,15 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--calls", type=int, default=2000, help="calls per part per round")
+    parser.add_argument(
+        "--gaps", type=float, nargs="*", default=[10, 50, 200, 400],
+        help="us of busy work before the send_after/recv_after steps",
+    )  # fmt: skip
     parser.add_argument("--out", type=pathlib.Path, help="write the results here as JSON")
     args = parser.parse_args()
     results = []
     for n in args.num_envs:
-        row = measure(n, args.rounds, args.calls)
+        row = measure(n, args.rounds, args.calls, args.gaps)
         results.append(row)
         print(
             f"{n} envs: " + ", ".join(f"{k} {v:.1f}" for k, v in row["median_us"].items())

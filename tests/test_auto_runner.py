@@ -16,7 +16,7 @@ import jaxrunner as jr
 from jaxrunner._src.backends import auto
 from jaxrunner._src.backends.auto import choose_layout
 from jaxrunner._src.runner import auto_layout
-from jaxrunner._src.runner.auto_layout import SYNC_TIE, pick_layout, trial_workers
+from jaxrunner._src.runner.auto_layout import ONE_THREAD_TIE, SYNC_TIE, pick_layout, trial_workers
 from jaxrunner.errors import ClosedError, InvalidArgumentError, InvalidArgumentTypeError
 from jaxrunner.testing import FaultPlan, assert_trees_equal
 
@@ -178,7 +178,7 @@ def test_pick_layout_takes_envpool_on_one_thread_only_where_faster_and_says_so()
     metrics = one.metrics()
     assert metrics["envpool_threads"] == 1
     assert metrics["tried_envpool_one_thread_steps_per_s"] == 170
-    near = pick_layout(rule, {**rates, "envpool-1": 150.0 * SYNC_TIE}, policy_step_us=5)
+    near = pick_layout(rule, {**rates, "envpool-1": 150.0 * ONE_THREAD_TIE}, policy_step_us=5)
     assert (near.backend, near.envpool_threads) == ("envpool", None)  # a near tie: its own
     even = pick_layout(rule, {**rates, "envpool-1": 150.0}, policy_step_us=5)
     assert (even.backend, even.envpool_threads) == ("envpool", None)

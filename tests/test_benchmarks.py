@@ -526,8 +526,8 @@ def test_bench_counts_envpool_transitions_not_its_reset_slots():
 def test_envpool_step_overhead_times_each_part(tmp_path):
     pytest.importorskip("envpool")
     out = tmp_path / "envpool_step_overhead.json"
-    options = ["--num-envs", "4", "--rounds", "2", "--calls", "20", "--out", str(out)]
-    _run("envpool_step_overhead.py", *options)
+    options = ["--num-envs", "4", "--rounds", "2", "--calls", "20", "--gaps", "0", "50"]
+    _run("envpool_step_overhead.py", *options, "--out", str(out))
     (row,) = json.loads(out.read_text())["results"]
     parts = {
         "envpool_step",
@@ -535,6 +535,7 @@ def test_envpool_step_overhead_times_each_part(tmp_path):
         "envpool_step_then_10us",
         "adapter_work",
         "step_batch",
+        *(f"{call}_after_{gap}us" for call in ("send", "recv") for gap in (0, 50)),
     }
     assert row["num_envs"] == 4 and set(row["median_us"]) == parts
     assert all(len(us) == 2 for us in row["rounds_us"].values())
