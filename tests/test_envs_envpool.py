@@ -432,6 +432,50 @@ def test_a_non_finite_value_raises_naming_its_sub_env_in_every_mode(
     assert np.isfinite(partial.obs).all() and np.isfinite(partial.next_obs).all()
 
 
+@pytest.mark.parametrize("keep_reset_steps", [True, False])
+def test_reset_at_resets_one_sub_env_as_envpool_does(keep_reset_steps) -> None:
+    """``reset_at(i)`` is EnvPool's own ``reset(env_id=[i])``: the same first observation
+    and the same steps after it as a pool driven by hand (its seeds fixed when built, so
+    ``seed=`` and ``options=`` are refused, naming the call); with EnvPool's reset steps
+    kept, a sub-env whose episode had just ended is not reset again by the next step."""
+    n, limit = 3, 6
+    ref = envpool.make_gymnasium("CartPole-v1", num_envs=n, seed=SEED, max_episode_steps=limit)
+    mine = _envpool(n, limit, seed=SEED, keep_reset_steps=keep_reset_steps)
+    ones = np.ones(n, np.int32)
+
+    def both_step(steps: int) -> tuple:
+        for _ in range(steps):
+            expected, got = ref.step(ones), mine.step_batch(ones.astype(np.int64))
+            np.testing.assert_array_equal(got.next_obs, expected[0])
+            np.testing.assert_array_equal(got.reward, expected[1])
+        return expected, got
+
+    def both_reset_at(index: int) -> None:
+        ref_obs, _ = ref.reset(np.array([index], np.int32))
+        obs, info = mine.reset_at(index)
+        np.testing.assert_array_equal(obs, ref_obs[0])
+        assert isinstance(info, dict)
+
+    with closing(ref), closing(mine):
+        ref.reset()
+        mine.reset_batch([SEED + i for i in range(n)])  # (EnvPool's seed + i, as ref's)
+        both_step(2)  # no episode ends yet
+        both_reset_at(1)
+        _, got = both_step(1)
+        assert got.reset_rows is None and not (got.terminated | got.truncated).any()
+        if keep_reset_steps:  # sub-envs 0 and 2 reach the limit: the next step resets them
+            expected, _ = both_step(limit - 3)
+            assert (expected[2] | expected[3]).tolist() == [True, False, True]
+            both_reset_at(0)  # before that step: it steps on from its new episode
+            expected, got = both_step(1)
+            assert got.reset_rows is not None and got.reset_rows.tolist() == [False, False, True]
+            assert expected[1][0] == got.reward[0] == 1.0  # a real transition
+        for name, kwargs in (("seed", {"seed": 7}), ("options", {"options": {"a": 1}})):
+            with pytest.raises(InvalidArgumentError, match=f"reset_at.*{name}") as caught:
+                mine.reset_at(0, **kwargs)
+            assert "reset(seed=...)" in str(caught.value)
+
+
 def test_default_sends_in_the_background() -> None:
     """By default (keep_reset_steps), send hands EnvPool the actions at once (the runner records
     them while EnvPool steps) and recv answers them: the same steps as step_batch on a

@@ -125,10 +125,11 @@ class EnvPoolVectorEnv(NoSubEnvAccess, GymnasiumVectorEnv):
     ) -> tuple[Any, Sequence[dict[str, Any]]]:
         """This pool's :data:`~jaxrunner._src.backends.masked_reset.MaskedReset`."""
         if (seeds is not None and any(s is not None for s in seeds)) or options:
+            given = "seed" if seeds is not None and any(s is not None for s in seeds) else "options"
             raise InvalidArgumentError(
-                "EnvPool seeds its sub-envs when the pool is built and takes no reset "
-                "options; reset one sub-env without seed/options, or reset them all with "
-                "reset(seed=...)."
+                f"{type(self).__name__}.reset_at(..., {given}=...): EnvPool seeds its sub-envs "
+                "when the pool is built and takes no reset options; reset one sub-env "
+                "without seed/options, or reset them all with reset(seed=...)."
             )
         ids = np.flatnonzero(mask).astype(np.int32)
         got, obs, info = self._calls.reset(ids)
