@@ -335,6 +335,20 @@ def test_in_flight_calls_conflict():
         assert int(future.result(5)) == 0
 
 
+def test_a_bool_is_no_episode_id():
+    """As start_episode refuses them, the other calls do: True acted in episode 1."""
+    with make_external() as env:
+        env.start_episode()
+        env.start_episode()  # id 1
+        obs = np.zeros(4, np.float32)
+        for flag in (True, np.bool_(True)):
+            with pytest.raises(errors.EpisodeNotFoundError, match="no live episode has this id"):
+                env.get_action(flag, obs)
+            with pytest.raises(errors.EpisodeNotFoundError, match="no live episode"):
+                env.end_episode(flag, obs)
+        assert env.get_metrics()["num_live_episodes"] == 2
+
+
 def test_reaper_ends_abandoned_episodes_as_truncated():
     with make_external(episode_timeout_s=0.3) as env:
         cartpole = gymnasium.make("CartPole-v1")

@@ -318,6 +318,25 @@ def test_reaper_truncates_each_agent_and_drops_waiting_steps():
     assert metrics["episode_return_mean"] == rewards["a0"]
 
 
+def test_reaping_keeps_the_rewards_of_the_dropped_steps():
+    """Rewards logged after an agent's last action, whose next observation never came,
+    go to its step before (its return keeps them), or are unassigned if that action was
+    its only one; they were lost."""
+    with make_env(ComingAndGoing()) as env:
+        obs = np.zeros(3, np.float32)
+        eid = env.start_episode()
+        env.get_action(eid, {"a0": obs, "a1": obs})
+        env.log_returns(eid, {"a0": 1.0, "a1": 2.0})
+        env.get_action(eid, {"a0": obs})  # a1 stays away
+        env.log_returns(eid, {"a0": 0.5})
+        assert env.reap(time.monotonic() + 1.0) == 1
+        (episode,) = env.poll_episodes()
+        metrics = env.get_metrics()
+    assert episode.agent_id == "a0" and episode.reward.tolist() == [1.5]
+    assert metrics["episode_return_mean"] == 1.5
+    assert metrics["unassigned_reward"] == 2.0  # a1's only action was dropped
+
+
 def test_withdrawn_call_records_no_agent():
     """A caller that gives up before the batch runs gets nothing recorded, for every
     agent of the call; the episode goes on."""
@@ -372,6 +391,43 @@ def test_retracted_call_takes_back_every_agent_step():
             refs[agent].end(obs2[agent], True, False)
         assert_matches(env.poll_episodes(), refs)
         assert env.get_metrics()["memory_bytes"] == 0
+
+
+def test_a_withdrawn_call_is_taken_back_once():
+    """Retracting a call still pending withdraws it; again, or after its waiter gave
+    up, nothing is taken back (it said True each time)."""
+    with make_env(ComingAndGoing(), config=ExternalEnvConfig(max_wait_ms=1_000.0)) as env:
+        obs = {a: np.zeros(3, np.float32) for a in ("a0", "a1")}
+        eid = env.start_episode()
+        env.start_episode()  # another live episode: the batch waits for its rows
+        future = env.submit_action(eid, obs)
+        assert env.retract_action(eid, future)
+        assert not env.retract_action(eid, future)
+        other = env.start_episode()
+        given_up = env.submit_action(other, obs)
+        assert given_up.cancel()  # its waiter's timeout
+        assert not env.retract_action(other, given_up)
+        deadline = time.monotonic() + 30
+        while env.get_metrics()["num_undelivered_actions"] < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert env.get_metrics()["num_undelivered_actions"] == 4  # each call counted once
+
+
+def test_a_retracted_call_gives_no_later_call_its_env_step_again():
+    """A call retracted after another agent's later call leaves a gap in the env steps:
+    the next call got that later call's env step again."""
+    with make_env(ComingAndGoing()) as env:
+        obs = np.zeros(3, np.float32)
+        eid = env.start_episode()
+        future = env.submit_action(eid, {"a0": obs, "a1": obs})  # env step 0
+        future.result(timeout=60)
+        env.get_action(eid, {"a2": obs})  # env step 1
+        assert env.retract_action(eid, future)  # still a0's and a1's latest
+        env.get_action(eid, {"a0": obs})  # env step 2, not 1 again
+        assert env.get_metrics()["num_env_steps"] == 2
+        env.end_episode(eid, {"a0": obs, "a2": obs})
+        env_steps = {e.agent_id: e.env_step.tolist() for e in env.poll_episodes()}
+    assert env_steps == {"a0": [2], "a2": [1]}
 
 
 def test_close_fails_waiting_calls_with_nothing_recorded():

@@ -345,6 +345,18 @@ def test_openapi_is_published_and_health_is_open(served):
     assert httpx.get(server.url + "/v1/metrics").status_code == 401
 
 
+def test_the_bearer_scheme_is_case_insensitive_and_the_token_is_not(served):
+    """RFC 7235: ``bearer <token>`` is ``Bearer <token>`` (it got 401)."""
+    _, server, _ = served
+    url, token = server.url + "/v1/metrics", server.token
+    for scheme in ("Bearer", "bearer", "BEARER"):
+        answer = httpx.get(url, headers={"Authorization": f"{scheme} {token}"}, timeout=30)
+        assert answer.status_code == 200, (scheme, answer.text)
+    for wrong in (f"Bearer {token.swapcase()}", f"Basic {token}", f"Bearer{token}", "bearer"):
+        answer = httpx.get(url, headers={"Authorization": wrong}, timeout=30)
+        assert answer.status_code == 401, wrong
+
+
 def test_fuzzed_with_schemathesis_no_5xx(tmp_path):
     schemathesis = pytest.importorskip("schemathesis")
     from hypothesis import HealthCheck, given, settings
@@ -407,6 +419,32 @@ def test_token_file_is_private_and_checked(served, tmp_path):
     with pytest.raises(errors.InvalidArgumentError, match="loopback"):
         ServerConfig(host="0.0.0.0", require_token=False)
     assert ServerConfig().host == "127.0.0.1"
+
+
+def test_a_token_no_request_can_carry_is_refused_by_name(served, tmp_path):
+    """A token with a space around it got 401 for every request, one with other than
+    printable ASCII too (clients raised httpx's UnicodeEncodeError)."""
+    env, _, _ = served
+    url = "http://127.0.0.1:1"  # refused before any request
+    with pytest.raises(errors.InvalidArgumentError, match="starts or ends with a space"):
+        ServerConfig(token=" " + "a" * 16)
+    with pytest.raises(errors.InvalidArgumentError, match="index 16 is not printable ASCII"):
+        ServerConfig(token="a" * 16 + "\u00e9")
+    with pytest.raises(errors.InvalidArgumentError, match=r"PolicyClient\(token=...\): its char"):
+        PolicyClient(url, token="a" * 16 + "\u20ac")
+    with pytest.raises(errors.InvalidArgumentTypeError, match="expected the token as a str"):
+        PolicyClient(url, token=1234)  # type: ignore[arg-type]
+    path = tmp_path / "token"
+    path.write_text("a" * 16 + "\tb\n")
+    path.chmod(0o600)
+    for make in (
+        lambda: PolicyServer(env, token_file=path),
+        lambda: PolicyClient(url, token_file=path),
+    ):
+        with pytest.raises(
+            errors.InvalidArgumentError, match=re.escape(f"token file {path}: its char")
+        ):
+            make()
 
 
 def test_configs_of_another_type_are_refused_by_name():

@@ -186,15 +186,16 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
         """The actions of ``future`` (from ``submit_action`` or ``submit_log_action``)
         never reached their agents (the client hung up): cancels the future if pending,
         else removes the call's steps if they are still every agent's latest (counted in
-        ``num_dropped_steps``). Returns whether anything was taken back. (The future
-        names its episode; ``episode_id`` is the caller's.)"""
+        ``num_dropped_steps``; its env step is given again only if no later call came).
+        Returns whether anything was taken back. (The future names its episode;
+        ``episode_id`` is the caller's.)"""
         return self._delivery.retract(future)
 
     def reap(self, idle_since: float) -> int:
         """Ends every idle episode last seen before ``idle_since`` (``time.monotonic()``)
         and returns how many: each agent still in it is truncated at its last
-        observation, its step awaiting an outcome dropped (``num_dropped_steps``). The
-        reaper thread calls it."""
+        observation, its step awaiting an outcome dropped (``num_dropped_steps``; the
+        rewards logged for it go to the step before). The reaper thread calls it."""
         return self._endings.reap(idle_since)
 
     def close(self) -> None:

@@ -158,6 +158,8 @@ class ActionDelivery:
 
     def retract(self, future: concurrent.futures.Future) -> bool:
         """See ``ExternalEnvCore.retract_action``."""
+        if future.cancelled():  # cancel() says True again: nothing more to take back
+            return False  # withdrawn already, by its waiter or an earlier retract
         if future.cancel():
             return True  # _on_done counts it
         with self.lock:
@@ -167,11 +169,15 @@ class ActionDelivery:
             records = [record for part in call.parts.values() for record, _ in part]
             if not all(not record.done and record.can_undo(call) for record in records):
                 return False  # a later call or an ending came first: too late
+            env_step = records[0].env_steps[-1]
             before = sum(record.nbytes for record in records)
             for record in records:
                 record.undo()
             self.memory.live -= before - sum(record.nbytes for record in records)
-            call.live.num_calls -= 1
+            # Its env step is given again only if no later call (of other agents) took
+            # the next one: the next call would repeat that one's. A gap is left instead.
+            if env_step == call.live.num_calls - 1:
+                call.live.num_calls -= 1
             self.counts["num_env_steps"] -= 1
             self._count_undelivered(call.num_rows)
             return True

@@ -88,6 +88,8 @@ class EpisodeEndings:
                         continue
                     record.done = True
                     self.counts["num_dropped_steps"] += record.abandon()
+                    if not record.ends_as_episode:  # its only action dropped, with its rewards
+                        self.unassigned_reward += record.pending_reward
                     ended.append(record)
                 self.counts["num_abandoned_episodes"] += 1
                 self.remove(live)

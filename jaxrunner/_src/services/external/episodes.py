@@ -124,13 +124,16 @@ class AgentRecord:
 
     def abandon(self) -> int:
         """Closes the record at its last observation; returns the steps dropped (the last
-        action's, whose outcome never came)."""
+        action's, whose outcome never came). Rewards logged since go to the step before,
+        as in :meth:`undo` (none left: they stay pending, for the caller)."""
         if not self.num_actions:
             return 0
         self.actions.pop()
         self.extras.pop()
         self.env_steps.pop()
-        self.pending_reward = 0.0
+        if self.rewards:  # the episode's return keeps them
+            self.rewards[-1] += self.pending_reward
+            self.pending_reward = 0.0
         return 1
 
     def to_episode(
@@ -242,7 +245,10 @@ class EpisodeTable:
 
     def get_idle(self, episode_id: Any, what: str) -> EpisodeRecord:
         """The live episode ``episode_id`` with no call in flight."""
-        is_int = isinstance(episode_id, (int, np.integer))
+        # A bool is no id (start_episode refuses them): True named episode 1.
+        is_int = isinstance(episode_id, (int, np.integer)) and not isinstance(
+            episode_id, (bool, np.bool_)
+        )
         live = self._live.get(int(episode_id)) if is_int else None
         if live is None:
             if is_int and episode_id in self._ended_ids:

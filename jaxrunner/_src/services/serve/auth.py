@@ -10,7 +10,7 @@ import secrets
 import stat
 
 from jaxrunner._src.arg_checks import check_not_folder
-from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 
 def default_token_file() -> pathlib.Path:
@@ -37,6 +37,7 @@ def load_or_create_token(path: str | os.PathLike[str]) -> str:
                 f"token file {path} holds no token of at least 16 characters; delete it to get a "
                 "new one."
             )
+        check_sendable(token, f"token file {path}")
         return token
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     token = secrets.token_urlsafe(32)
@@ -58,7 +59,30 @@ def read_token(path: str | os.PathLike[str]) -> str:
     token = file.read_text().strip()
     if not token:
         raise InvalidArgumentError(f"token file {path} is empty.")
+    check_sendable(token, f"token file {path}")
     return token
+
+
+def check_sendable(token: object, where: str) -> None:
+    """Raises unless ``token`` can match in an ``Authorization`` header: printable ASCII
+    (httpx sends no other, and the server reads headers as latin-1) with no space around
+    it (the header's are stripped). Its characters are never shown: it is a secret."""
+    if not isinstance(token, str):
+        raise InvalidArgumentTypeError(
+            f"{where}: expected the token as a str, got {type(token).__name__}."
+        )
+    bad = next((i for i, c in enumerate(token) if not " " <= c <= "~"), None)
+    if bad is None and token == token.strip():
+        return
+    why = (
+        "it starts or ends with a space"
+        if bad is None
+        else f"its character at index {bad} is not printable ASCII"
+    )
+    raise InvalidArgumentError(
+        f"{where}: {why}, so no request can carry the token (every one would get 401); use "
+        "ASCII letters, digits and punctuation, e.g. a new token of secrets.token_urlsafe(32)."
+    )
 
 
 def _not_a_folder(path: str | os.PathLike[str]) -> pathlib.Path:
@@ -68,7 +92,9 @@ def _not_a_folder(path: str | os.PathLike[str]) -> pathlib.Path:
 
 
 def token_matches(header: str | None, token: str) -> bool:
-    """Whether an ``Authorization`` header carries ``Bearer <token>`` (constant time)."""
-    if not header or not header.startswith("Bearer "):
+    """Whether an ``Authorization`` header carries ``Bearer <token>`` (the token compared
+    in constant time; the scheme in any case, as RFC 7235 has it: ``bearer <token>``)."""
+    scheme, _, credentials = (header or "").partition(" ")
+    if scheme.lower() != "bearer":
         return False
-    return hmac.compare_digest(header[7:].strip().encode(), token.encode())
+    return hmac.compare_digest(credentials.strip().encode(), token.encode())

@@ -18,7 +18,7 @@ import jaxrunner.errors as errors
 from jaxrunner._src.arg_checks import check_int, check_number, check_path
 from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.services.serve import wire
-from jaxrunner._src.services.serve.auth import read_token
+from jaxrunner._src.services.serve.auth import check_sendable, read_token
 from jaxrunner._src.space_arrays import check_value
 
 
@@ -254,6 +254,8 @@ class ClientCore:
             )
         if token is None and token_file is not None:
             token = read_token(token_file)
+        elif token is not None:  # httpx raised UnicodeEncodeError on the first request
+            check_sendable(token, f"{type(self).__name__}(token=...)")
         headers = {"X-Client-Id": client_id or f"client-{uuid.uuid4().hex[:12]}"}
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"

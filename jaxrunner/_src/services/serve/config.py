@@ -7,6 +7,7 @@ import ipaddress
 import os
 
 from jaxrunner._src.arg_checks import check_int, check_number, check_path
+from jaxrunner._src.services.serve.auth import check_sendable
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -73,6 +74,8 @@ class ServerConfig:
             raise InvalidArgumentError(
                 "ServerConfig(token=...): expected a string of at least 16 characters."
             )
+        if self.token is not None:
+            check_sendable(self.token, "ServerConfig(token=...)")
         if not self.require_token and not _is_loopback(self.host):
             raise InvalidArgumentError(
                 f"ServerConfig(host={self.host!r}, require_token=False): serving without a token "
