@@ -16,7 +16,14 @@ import jaxrunner as jr
 from jaxrunner._src.backends import auto
 from jaxrunner._src.backends.auto import choose_layout
 from jaxrunner._src.runner import auto_layout
-from jaxrunner._src.runner.auto_layout import ONE_THREAD_TIE, SYNC_TIE, pick_layout, trial_workers
+from jaxrunner._src.runner.auto_layout import (
+    SYNC_TIE,
+    VARIANT_TIE,
+    envpool_options,
+    envpool_variants,
+    pick_layout,
+    trial_workers,
+)
 from jaxrunner.errors import ClosedError, InvalidArgumentError, InvalidArgumentTypeError
 from jaxrunner.testing import FaultPlan, assert_trees_equal
 
@@ -166,11 +173,13 @@ def test_pick_layout_takes_envpool_past_the_tie_and_says_so():
     assert even.backend == "envpool"  # equal rates: no worker processes
 
 
-def test_pick_layout_takes_envpool_on_one_thread_only_where_faster_and_says_so():
+def test_pick_layout_takes_envpool_on_one_thread_only_past_the_tie_and_says_so():
     rule = choose_layout(1.0, 64, cpus=2)
-    rates = {0: 100.0, "envpool": 150.0, "envpool-1": 170.0, 1: 90.0}
+    rates = {0: 100.0, 1: 90.0, "envpool": 150.0, "envpool_one_thread": 170.0}
     one = pick_layout(rule, rates, policy_step_us=5)
-    assert (one.backend, one.num_workers, one.envpool_threads) == ("envpool", 0, 1)
+    assert (one.backend, one.num_workers, one.envpool_options) == (
+        "envpool", 0, (("num_threads", 1),)
+    )  # fmt: skip
     assert one.reason.endswith(
         "sync 100, 1 worker 90, envpool 150, envpool on 1 thread 170; kept envpool on 1 thread"
     )
@@ -178,15 +187,22 @@ def test_pick_layout_takes_envpool_on_one_thread_only_where_faster_and_says_so()
     metrics = one.metrics()
     assert metrics["envpool_threads"] == 1
     assert metrics["tried_envpool_one_thread_steps_per_s"] == 170
-    near = pick_layout(rule, {**rates, "envpool-1": 150.0 * ONE_THREAD_TIE}, policy_step_us=5)
-    assert (near.backend, near.envpool_threads) == ("envpool", None)  # a near tie: its own
-    even = pick_layout(rule, {**rates, "envpool-1": 150.0}, policy_step_us=5)
-    assert (even.backend, even.envpool_threads) == ("envpool", None)
-    assert even.metrics()["envpool_threads"] == 0
-    sync = pick_layout(rule, {0: 100.0, "envpool": 90.0, "envpool-1": 104.0}, policy_step_us=5)
-    assert (sync.backend, sync.envpool_threads) == ("sync", None)
+    near = pick_layout(rule, {**rates, "envpool_one_thread": 150.0 * VARIANT_TIE}, policy_step_us=5)
+    assert (near.backend, near.envpool_options) == ("envpool", ())  # a near tie: defaults
+    assert near.metrics()["envpool_threads"] == 0
+    sync = pick_layout(
+        rule, {0: 100.0, "envpool": 90.0, "envpool_one_thread": 104.0}, policy_step_us=5
+    )
+    assert (sync.backend, sync.envpool_options) == ("sync", ())
     untried = pick_layout(rule, {0: 100.0, "envpool": 90.0}, policy_step_us=5)
     assert "envpool_threads" not in untried.metrics()
+
+
+def test_the_trial_times_envpool_on_one_thread_where_its_own_count_is_more():
+    assert envpool_variants(64, 2) == ["envpool_one_thread"]
+    assert envpool_variants(64, 1) == envpool_variants(1, 2) == []  # EnvPool's own is 1
+    assert envpool_options("envpool_one_thread", 8) == {"num_threads": 1}
+    assert envpool_options("envpool", 8) == {}
 
 
 def test_refusals_say_what_to_do():

@@ -506,20 +506,21 @@ def test_default_sends_in_the_background() -> None:
             mine.send(np.zeros(2, np.int64), slice(0, 2))
 
 
-@pytest.mark.parametrize("winner", ["envpool", "envpool-1", 0])
+@pytest.mark.parametrize("winner", ["envpool", "envpool_one_thread", 0])
 def test_from_env_tries_envpool_and_builds_what_it_chose(monkeypatch, winner) -> None:
-    """Where EnvPool has the id, ``from_env``'s trial times its backend too, on EnvPool's
-    own thread count and on one thread (the rule keeps these cheap envs in sync, so
-    nothing else is tried); the runner built is the one a user builds by hand on the
-    chosen backend."""
+    """Where EnvPool has the id, ``from_env``'s trial times its backend too, at its
+    defaults and on one thread (the rule keeps these cheap envs in sync, so nothing else
+    is tried); the runner built is the one a user builds by hand on the chosen backend
+    with those options."""
     from jaxrunner._src.runner import auto_layout
 
     picked: list[dict] = []
     real_pick = auto_layout.pick_layout
+    variants = auto_layout.ENVPOOL_VARIANTS
 
     def rigged(rule, rates, *, policy_step_us):  # the real rates, then a set winner
         picked.append(dict(rates))
-        rigged_rates = {0: 1.0, "envpool": 1.0, "envpool-1": 1.0, winner: 2.0}
+        rigged_rates = {0: 1.0, "envpool": 1.0, **dict.fromkeys(variants, 1.0), winner: 2.0}
         return real_pick(rule, rigged_rates, policy_step_us=5.0)
 
     monkeypatch.setattr(auto_layout, "pick_layout", rigged)
@@ -529,15 +530,15 @@ def test_from_env_tries_envpool_and_builds_what_it_chose(monkeypatch, winner) ->
     with jr.EnvRunner.from_env("CartPole-v1", 4, policy, params, 8, SEED) as runner:
         got = runner.sample()
         choice = runner.envs.layout_choice
-        threads = runner.envs.env.config["num_threads"] if winner else None
-    assert len(picked) == 1 and set(picked[0]) == {0, "envpool", "envpool-1"}
+        config = runner.envs.env.config if winner else None
+    assert len(picked) == 1 and set(picked[0]) == {0, "envpool", *variants}
     assert min(picked[0].values()) > 0
     backend = "envpool" if winner else "sync"
+    by_hand = auto_layout.envpool_options(winner, 4) if winner else {}
     assert choice is not None and choice.backend == backend
-    assert choice.envpool_threads == (1 if winner == "envpool-1" else None)
-    assert threads == (1 if winner == "envpool-1" else 0 if winner else None)  # 0: EnvPool's
-    assert choice.metrics()["envpool_threads"] == (winner == "envpool-1")
-    by_hand = {"num_threads": 1} if winner == "envpool-1" else {}
+    assert dict(choice.envpool_options) == (by_hand if winner != "envpool" else {})
+    if config is not None:  # the pool built as asked (0: EnvPool's own thread count)
+        assert config["num_threads"] == by_hand.get("num_threads", 0)
     envs = jr.make_vec("CartPole-v1", 4, backend, **by_hand)
     with jr.EnvRunner(envs, policy, params, 8, SEED) as ref:
         assert_trees_equal(got, ref.sample(), f"from_env(auto -> {backend}) vs by hand")

@@ -58,12 +58,12 @@ class LayoutChoice:
     tried (EnvPool not installed, the id not EnvPool's, or its spaces not the env's)."""
     policy_step_us: float | None = None
     """The policy's time per vector step in that trial (sync), in microseconds."""
-    envpool_threads: int | None = None
-    """EnvPool's ``num_threads`` where the trial chose its pool on one thread; None:
-    EnvPool's own count (one per sub-env, up to the CPUs)."""
-    tried_envpool_one_thread: float | None = None
-    """Env steps/s of the ``"envpool"`` backend on one thread in that trial (cheap envs:
-    no handing of each step between threads); None where it was not tried."""
+    envpool_options: tuple[tuple[str, int], ...] = ()
+    """The ``make_vec`` options of the ``"envpool"`` backend that the trial chose beyond
+    its defaults: ``(("num_threads", 1),)`` (one thread); empty: its defaults."""
+    tried_envpool_variants: tuple[tuple[str, float], ...] = ()
+    """Env steps/s of the other ``"envpool"`` variants in that trial, as ``(name, rate)``
+    (``"one_thread"``); empty where none was tried."""
 
     def process_config(self) -> ProcessConfig | None:
         """The ``ProcessConfig`` that builds this layout (None for sync): its workers,
@@ -89,9 +89,11 @@ class LayoutChoice:
         if self.tried_envpool is not None:
             metrics["envpool"] = int(self.backend == "envpool")
             metrics["tried_envpool_steps_per_s"] = self.tried_envpool
-        if self.tried_envpool_one_thread is not None:
-            metrics["envpool_threads"] = self.envpool_threads or 0  # 0: EnvPool's own
-            metrics["tried_envpool_one_thread_steps_per_s"] = self.tried_envpool_one_thread
+        if self.tried_envpool_variants:
+            options = dict(self.envpool_options)
+            metrics["envpool_threads"] = options.get("num_threads", 0)  # 0: EnvPool's own
+            for name, rate in self.tried_envpool_variants:
+                metrics[f"tried_envpool_{name}_steps_per_s"] = rate
         return metrics
 
 

@@ -41,14 +41,18 @@ TRIAL_STEPS = (4, 128)
 SYNC_TIE = 1.05
 """Workers must beat sync by this factor to be chosen: on a near tie the simpler
 layout, with no processes to start, wins (and among workers, the fewer)."""
-ONE_THREAD_TIE = CLOSE
-"""EnvPool on one thread must beat EnvPool on its own thread count by this factor to be
-chosen: the two differ by less than a trial's noise on most envs (HalfCheetah at 8 envs
-won a trial by 5%, then ran 0.90x)."""
+VARIANT_TIE = CLOSE
+"""An EnvPool variant must beat EnvPool at its defaults by this factor to be chosen:
+they often differ by less than a trial's noise (HalfCheetah at 8 envs won a trial on
+one thread by 5%, then ran 0.90x)."""
 ENVPOOL = "envpool"
 """The trial's key of the ``"envpool"`` backend (the others are worker counts, 0 sync)."""
-ENVPOOL_ONE_THREAD = "envpool-1"
-"""The trial's key of the ``"envpool"`` backend with ``num_threads=1``."""
+ENVPOOL_VARIANTS = ("envpool_one_thread",)
+"""The trial's keys of the ``"envpool"`` backend beyond its defaults
+(:func:`envpool_options`): cheap envs can step faster on one thread (no step handed
+between threads). Not its async mode: a ready-first sample's envs run into the next
+sample, so a trial's fastest sample over-rates it (at 1,024 CartPoles a trial ranked it
+first, 767k env steps/s, where it then ran 0.76x the pool on one thread)."""
 TRIAL_OPTIONS = ("num_splits", "connectors", "info_keys", "compact_next_obs")
 """The runner options that change the work of a step, which the trial runners share."""
 
@@ -130,8 +134,7 @@ def from_env(
                     runner_options, envpool,
                 )  # fmt: skip
         backend, config = choice.backend, choice.process_config()
-    threads = choice and choice.envpool_threads
-    envs = build(backend, config, **({"num_threads": threads} if threads else {}))
+    envs = build(backend, config, **dict(choice.envpool_options if choice else ()))
     if choice is not None:
         envs.layout_choice = choice
     try:
@@ -173,8 +176,8 @@ def _trial(
     runners: dict[int | str, Any] = {}
     failed: dict[int | str, Exception] = {}
     keys: list[int | str] = [*trial_workers(rule)] if rule.backend == "process" else [0]
-    if envpool:  # EnvPool's own thread count, and one thread where that differs
-        keys += [ENVPOOL, ENVPOOL_ONE_THREAD] if min(num_envs, rule.cpus) > 1 else [ENVPOOL]
+    if envpool:
+        keys += [ENVPOOL, *envpool_variants(num_envs, rule.cpus)]
 
     def timed_sample(key: int | str) -> float:
         """Seconds per valid transition of one sample of ``key``'s runner."""
@@ -199,9 +202,8 @@ def _trial(
         for key in keys:
             envs: Any = None
             try:
-                if key in (ENVPOOL, ENVPOOL_ONE_THREAD):
-                    threads: dict[str, Any] = {"num_threads": 1} if key != ENVPOOL else {}
-                    envs = make_vec(env, num_envs, ENVPOOL, **threads)
+                if key == ENVPOOL or key in ENVPOOL_VARIANTS:
+                    envs = make_vec(env, num_envs, ENVPOOL, **envpool_options(str(key), num_envs))
                     if not _same_spaces(envs, runners[0].envs):  # the policy's: sync's
                         envs.close()
                         continue
@@ -242,7 +244,7 @@ def _trial(
         )
         kept: int | str = choice.num_workers
         if choice.backend == ENVPOOL:
-            kept = ENVPOOL_ONE_THREAD if choice.envpool_threads else ENVPOOL
+            kept = ENVPOOL + "_one_thread" * bool(choice.envpool_options)
         warnings.warn(
             f'EnvRunner.from_env(backend="auto"): in the trial of layouts, {dropped}; '
             f"dropped, and {_label(kept)} kept.",
@@ -251,6 +253,17 @@ def _trial(
         )
         choice = dataclasses.replace(choice, reason=f"{choice.reason}; {dropped}")
     return choice
+
+
+def envpool_variants(num_envs: int, cpus: int) -> list[str]:
+    """The :data:`ENVPOOL_VARIANTS` a trial times: one thread where EnvPool's own count
+    is more."""
+    return list(ENVPOOL_VARIANTS) if min(num_envs, cpus) > 1 else []
+
+
+def envpool_options(key: str, num_envs: int) -> dict[str, Any]:
+    """``make_vec``'s options for EnvPool variant ``key`` (:data:`ENVPOOL`: none)."""
+    return {"num_threads": 1} if key == "envpool_one_thread" else {}
 
 
 def envpool_has(env: Any, env_kwargs: Mapping[str, Any], restart_policy: Any) -> bool:
@@ -311,20 +324,21 @@ def pick_layout(
     rule: LayoutChoice, rates: Mapping[int | str, float], *, policy_step_us: float
 ) -> LayoutChoice:
     """The layout with the most env steps/s in the trial (``rates``, by worker count,
-    0 being sync, :data:`ENVPOOL` and :data:`ENVPOOL_ONE_THREAD`), where it beats sync's
-    by :data:`SYNC_TIE`, else sync (on a tie, the fewer processes; EnvPool on one thread
-    must beat it on its own count by :data:`ONE_THREAD_TIE`); the choice records every
+    0 being sync, :data:`ENVPOOL` and :data:`ENVPOOL_VARIANTS`), where it beats sync's
+    by :data:`SYNC_TIE`, else sync (on a tie, the fewer processes; an EnvPool variant
+    must beat EnvPool at its defaults by :data:`VARIANT_TIE`); the choice records every
     rate and why."""
     best = max(rates, key=lambda key: (rates[key], -_processes(key)))
-    if best == ENVPOOL_ONE_THREAD and rates[best] <= ONE_THREAD_TIE * rates.get(ENVPOOL, 0.0):
+    if best in ENVPOOL_VARIANTS and rates[best] <= VARIANT_TIE * rates.get(ENVPOOL, 0.0):
         best = ENVPOOL
     if rates[best] <= SYNC_TIE * rates[0]:
         best = 0
-    pools = (ENVPOOL, ENVPOOL_ONE_THREAD)
-    # sync, the workers by count, then EnvPool's own threads and one
+    pools = (ENVPOOL, *ENVPOOL_VARIANTS)
+    # sync, the workers by count, then EnvPool at its defaults and its variants
     order = sorted(rates, key=lambda key: (pools.index(key) + 1 if key in pools else 0, key))
     tried = ", ".join(f"{_label(key)} {rates[key]:,.0f}" for key in order)
     backend = ENVPOOL if best in pools else "process" if best else "sync"
+    variant = best in ENVPOOL_VARIANTS
     return dataclasses.replace(
         rule,
         backend=backend,
@@ -333,19 +347,21 @@ def pick_layout(
         tried=tuple((int(key), rates[key]) for key in order if key not in pools),
         tried_envpool=rates.get(ENVPOOL),
         policy_step_us=policy_step_us,
-        envpool_threads=1 if best == ENVPOOL_ONE_THREAD else None,
-        tried_envpool_one_thread=rates.get(ENVPOOL_ONE_THREAD),
+        envpool_options=tuple(envpool_options(str(best), rule.num_envs).items()) if variant else (),
+        tried_envpool_variants=tuple(
+            (str(key).removeprefix("envpool_"), rates[key])
+            for key in order
+            if key in ENVPOOL_VARIANTS
+        ),
     )
 
 
 def _processes(key: int | str) -> int:
     """Processes a layout adds (EnvPool's are threads)."""
-    return 0 if key in (ENVPOOL, ENVPOOL_ONE_THREAD) else int(key)
+    return 0 if key == ENVPOOL or key in ENVPOOL_VARIANTS else int(key)
 
 
 def _label(key: int | str) -> str:
-    if key == ENVPOOL:
-        return "envpool"
-    if key == ENVPOOL_ONE_THREAD:
-        return "envpool on 1 thread"
+    if key == ENVPOOL or key in ENVPOOL_VARIANTS:
+        return "envpool" + " on 1 thread" * (key == "envpool_one_thread")
     return "sync" if key == 0 else f"{key} worker{'s' if int(key) > 1 else ''}"
