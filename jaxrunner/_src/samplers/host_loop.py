@@ -36,8 +36,7 @@ class HostLoop:
     """Samples a :class:`~jaxrunner.MultiAgentVectorEnv`, or a single-agent vector env
     seen as one group of one agent (:class:`OneAgentSteps`); ``envs`` just reset,
     ``first`` its reset result. The per-episode hooks (:data:`STEP_HOOKS`) run here on
-    lockstep backends; a ready-first backend takes ``num_splits`` None or 1.
-    """
+    lockstep backends; a ready-first backend takes ``num_splits`` None or 1."""
 
     on_device = False  # host rollouts (see ScanSampler.on_device)
     saved_as = "MultiAgentSampler"
@@ -275,12 +274,10 @@ class HostLoop:
             self._live.step(lo, hi, t, out, self._rows)
         perf["obs_processing_ms"] += perf_counter() - clock
 
-    def _faults(
-        self, ro: Rollout, out: MultiAgentStep, t: Any, envs: np.ndarray | slice, sel: Any
-    ) -> None:
-        """Rows ``sel`` of ``out`` (envs ``envs``, at their steps ``t``) where it failed or
-        where it holds the env's reset steps."""
-        index = (t, envs)  # (lockstep: a slice of envs, written without a fancy index)
+    def _faults(self, ro: Rollout, out: MultiAgentStep, t: Any, envs: Any, sel: Any) -> None:
+        """Rows ``sel`` of ``out`` (envs ``envs``, at their steps ``t``; lockstep: a slice,
+        no fancy index) where it failed or where it holds the env's reset steps."""
+        index = (t, envs)
         if out.failed is not None:  # faults: their episodes end, their actions are dropped
             failed = out.failed[sel]
             ro.level.valid[index] = ~failed
