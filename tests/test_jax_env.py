@@ -381,6 +381,12 @@ def test_brax_auto_reset_wrapper_is_refused():
         jr.JaxVectorEnv.from_brax(AutoResetWrapper(BraxPoint()), 2)
 
 
+@pytest.mark.parametrize("num_envs", [0, -1, 2.5])
+def test_from_brax_names_itself_for_a_bad_num_envs(num_envs):
+    with pytest.raises(InvalidArgumentError, match=r"JaxVectorEnv\.from_brax\(num_envs="):
+        jr.JaxVectorEnv.from_brax(BraxPoint(), num_envs)
+
+
 # -- errors ------------------------------------------------------------------------------------
 
 

@@ -199,6 +199,7 @@ class JaxVectorEnv(GroupedAgents):
         Default spaces: observations ``Box(-inf, inf)`` of the shape and dtype ``reset``
         returns; actions ``Box(-1, 1, (env.action_size,), float32)`` (brax's convention).
         """
+        check_int("JaxVectorEnv.from_brax", "num_envs", num_envs)  # before env is traced
         check_brax_wrappers(env)
         functions = brax_functions(env)
         observation_space, action_space = brax_spaces(
