@@ -255,6 +255,32 @@ def test_sync_backend_resumes_bit_for_bit(name, num_splits, tmp_path):
     assert seen == want_seen and len(want_seen) > 5  # episodes under way at the save too
 
 
+@pytest.mark.parametrize("name", TWO_KINDS)
+def test_a_runner_that_has_sampled_restores_as_a_new_one_does(name, tmp_path):
+    """``restore`` into a runner that has sampled already replaces all it sampled: its
+    samples, metrics and callbacks then go on exactly as the saved run's do."""
+    needs(name)
+
+    def make_runner():
+        return make(name, callbacks=Recorder())
+
+    whole, want_metrics, want_seen = whole_run(make_runner, 4)
+    path = tmp_path / "runner.ckpt"
+    with make_runner() as runner:
+        head = samples(runner, 2)
+        seen = list(runner.callbacks.seen)
+        runner.save(path)
+    with make_runner() as used:
+        samples(used, 3)  # its own episodes under way, its own metrics
+        own = len(used.callbacks.seen)
+        assert used.restore(path, load_env_pickles=True).envs_restored
+        tail = samples(used, 2)
+        metrics = steady_metrics(used)
+        seen += used.callbacks.seen[own:]
+    assert_trees_equal(jr.concatenate(head + tail), whole, "trajectory")
+    assert metrics == want_metrics and seen == want_seen and want_seen
+
+
 @pytest.mark.parametrize("name", ["walk", "drift"])  # pure-JAX: single- and multi-agent
 def test_a_pure_jax_env_resumes_bit_for_bit(name, tmp_path):
     """The env states are in the sampler state."""

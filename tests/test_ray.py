@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 import time
+from contextlib import closing
 from typing import Any
 
 import gymnasium
@@ -21,7 +22,7 @@ import jaxrunner as jr
 from jaxrunner.models import mlp_policy
 from jaxrunner.testing import CountingEnv
 from tests.multi_agent_envs import HOST_KINDS
-from tests.ray_helpers import loads_jax
+from tests.ray_helpers import kill_actor, loads_jax
 
 ray = pytest.importorskip("ray")
 
@@ -530,6 +531,44 @@ def test_ray_backend_sub_env_error_arrives_as_env_error_with_index_and_cause():
     assert any("raised in Ray env actor 1" in note for note in caught.value.__notes__)
 
 
+class OddRefuses(gymnasium.Wrapper):
+    """``parity()`` raises in the sub-envs of odd env id."""
+
+    def parity(self) -> str:
+        env_id = self.get_wrapper_attr("env_id")
+        if env_id % 2:
+            raise ValueError(f"env {env_id} is odd")
+        return "even"
+
+
+def odd_refuses(env_id: int) -> gymnasium.Env:
+    return OddRefuses(CountingEnv(env_id=env_id))
+
+
+def test_ray_call_and_get_attr_raise_the_sub_envs_error_or_a_worker_error_not_rays():
+    """As on the process backend: the sub-env's own error (here named, with the call),
+    and a dead actor's as WorkerError naming the actor and the call; not Ray's
+    RayTaskError and RayActorError wrappers."""
+    fns = [functools.partial(odd_refuses, i) for i in range(4)]
+    config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
+    with closing(jr.RayVectorEnv(fns, config)) as vec:
+        with pytest.raises(ValueError, match="env 1 is odd") as caught:
+            vec.call("parity")  # sub-envs 1 and 3 raise: the lowest comes
+        assert not isinstance(caught.value, ray.exceptions.RayError)
+        assert "jaxrunner: raised by sub-env 1 in call('parity')" in caught.value.__notes__
+        with pytest.raises(AttributeError) as caught:
+            vec.get_attr("no_such_attribute")
+        assert not isinstance(caught.value, ray.exceptions.RayError)
+        assert "raised by sub-env 0 in get_attr('no_such_attribute')" in caught.value.__notes__[0]
+        kill_actor(vec.actors[1])
+        match = r"Ray env actor 1 \(sub-envs 2\.\.3\) died or did not answer during get_attr\(\)"
+        with pytest.raises(jr.errors.WorkerError, match=match):
+            vec.get_attr("env_id")
+        with pytest.raises(jr.errors.WorkerError, match=r"actor 1 .* during set_attr\(\)"):
+            vec.set_attr("episode_length", 5)
+        assert vec.get_sub_environments()[0].get_attr("env_id") == 0  # actor 0 answers on
+
+
 def _seen(err: BaseException) -> tuple[Any, ...]:
     """A sub-env error as its catcher sees it, less the note naming the Ray actor."""
     notes = [n for n in getattr(err, "__notes__", []) if "raised in Ray env actor" not in n]
@@ -694,6 +733,23 @@ def test_group_whose_runners_refuse_params_keeps_and_restarts_from_the_old_ones(
         assert group.get_metrics()["runner_params_versions"] == {0: 0}
 
 
+def test_a_runner_dead_when_the_others_refuse_params_restarts_from_the_old_ones(group_params):
+    """Runner 0 is dead when runner 1 refuses set_params: runner 0 is restarted from the
+    params the group keeps (it was restarted from the refused ones, before the group
+    took them back)."""
+    bad = jax.tree.map(lambda x: np.zeros((*x.shape, 2), x.dtype), group_params[1])
+    config = small_group_config(num_runners=2, max_restarts=1)
+    with jr.EnvRunnerGroup("CartPole-v1", POLICY, group_params[0], config) as group:
+        kill_runner(group, 0)
+        with pytest.raises(jr.errors.SpaceMismatchError):
+            group.set_params(bad)
+        assert group.num_restarts == 1 and group.params_version == 0
+        group.wait_until_healthy(120.0)
+        assert group.get_metrics()["runner_params_versions"] == {0: 0, 1: 0}
+        got, _ = ray.get(group.runner_actors[0].get_params.remote())
+    jr.testing.assert_trees_equal(got, jax.device_get(group_params[0]), "params")
+
+
 def test_group_that_gives_up_raises_the_samples_that_came_and_marks_the_runner_down(
     group_params,
 ):
@@ -716,6 +772,19 @@ def test_group_that_gives_up_raises_the_samples_that_came_and_marks_the_runner_d
     group.close()  # as a runner's: stop(), once more a no-op
     with pytest.raises(jr.errors.ClosedError):
         group.sample()
+
+
+def test_a_stopped_group_reports_no_runner_up_and_restarts_none(group_params):
+    """After stop() every runner is killed: none is healthy, and waiting for them is
+    refused (polling the killed actors restarted them, or raised their raw death)."""
+    config = small_group_config(num_runners=1, max_restarts=1)
+    group = jr.EnvRunnerGroup("CartPole-v1", POLICY, group_params[0], config)
+    assert group.healthy_runners == [0]
+    group.stop()
+    assert group.healthy_runners == []
+    with pytest.raises(jr.errors.ClosedError, match=r"wait_until_healthy\(\) called after stop"):
+        group.wait_until_healthy(1.0)
+    assert group.num_restarts == 0
 
 
 class TestRayContract(jr.testing.VectorEnvContract):
@@ -831,6 +900,29 @@ def test_multi_agent_group_restarts_a_runner_with_the_policies_set_params_left_o
         got, version = ray.get(group.runner_actors[0].get_params.remote())
     jr.testing.assert_trees_equal(got, jax.device_get({"a": new_a, "b": params["b"]}), "params")
     assert version == 1
+
+
+def test_a_group_whose_runners_refuse_one_policys_params_keeps_every_policy_on_the_old():
+    """set_params refused for policy "b" after policy "a"'s were taken: the runner puts
+    "a"'s back (it kept them: runners half on the new params, the group on the old)."""
+    pytest.importorskip("pettingzoo")
+    envs = jr.make_vec(jr.testing.relay, 1, policy_mapping_fn=two_policies)
+    params = {
+        g.policy_id: POLICY(g.action_space).init(jax.random.key(0), g.observation_space)
+        for g in envs.groups
+    }
+    envs.close()
+    new = {
+        "a": jax.tree.map(lambda x: x + 1.0, params["a"]),
+        "b": jax.tree.map(lambda x: np.zeros((*x.shape, 2), x.dtype), params["b"]),
+    }
+    config = small_group_config(num_runners=1, policy_mapping_fn=two_policies)
+    with jr.EnvRunnerGroup(jr.testing.relay, POLICY, params, config) as group:
+        with pytest.raises(jr.errors.SpaceMismatchError, match=r"set_params\(params, 'b'\)"):
+            group.set_params(new)
+        got, version = ray.get(group.runner_actors[0].get_params.remote())
+        assert group.params_version == version == 0
+    jr.testing.assert_trees_equal(got, jax.device_get(params), "params")
 
 
 @pytest.mark.parametrize(

@@ -277,7 +277,8 @@ class EnvRunner:
     ) -> RestoreReport:
         """Continues from the checkpoint at ``path`` (:meth:`save`). Call it on a new
         runner built as the saved one was (same policies, policy ids, agents, kind of
-        backend, num_envs; new envs), before it samples.
+        backend, num_envs; new envs), or on one that has sampled: what it sampled is
+        replaced, and it goes on as the saved run does.
 
         The envs resume exactly (sampling continues bit for bit) when they are pure JAX,
         or when the checkpoint holds pickled sub-envs and ``load_env_pickles`` is True

@@ -48,13 +48,26 @@ class ActorBody:
         return self.block.num_restarts
 
     def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
-        return self.block.call(name, args, kwargs)
+        return self._on_each("call", name, [(name, args, kwargs)] * len(self.block.envs))
 
     def get_attr(self, name: str) -> list[Any]:
-        return self.block.get_attr(name)
+        return self._on_each("get_attr", name, [(name,)] * len(self.block.envs))
 
     def set_attr(self, name: str, values: list[Any]) -> None:
-        self.block.set_attr(name, values)
+        self._on_each("set_attr", name, [(name, value) for value in values])
+
+    def _on_each(self, method: str, name: str, per_env: list[tuple]) -> list[Any]:
+        """``method`` run on each sub-env in turn (``per_env[j]``: its args); an error
+        names the sub-env and the call, which the driver cannot tell (it re-raises it)."""
+        results = []
+        for j, args in enumerate(per_env):
+            i = self.block.offset + j
+            try:
+                results.append(self.block.on_sub_env(i, method, args))
+            except Exception as err:
+                err.add_note(f"jaxrunner: raised by sub-env {i} in {method}({name!r})")
+                raise
+        return results
 
     def render(self) -> list[Any]:
         return self.block.render()

@@ -230,14 +230,27 @@ class ActorStepping(RemoteSubEnvs):
             raise actors.remote_error(err, u, method)  # noqa: B904  (chained as it should be)
 
     def _ask_each(self, method: str, *args: Any) -> tuple[Any, ...]:
-        actors = self._actors
-        parts = actors.get_all([getattr(a, method).remote(*args) for a in actors.actors], None)
-        return tuple(x for part in parts for x in part)
+        refs = [getattr(a, method).remote(*args) for a in self._actors.actors]
+        return tuple(x for part in self._answers(refs, method) for x in part)
 
     def _set_each(self, name: str, values: list[Any]) -> None:
         actors = self._actors
         refs = [a.set_attr.remote(name, values[r]) for a, r in zip(actors.actors, self.unit_rows)]
-        actors.get_all(refs, None)
+        self._answers(refs, "set_attr")
+
+    def _answers(self, refs: list[Any], method: str) -> list[Any]:
+        """Each actor's answer to ``method``; once every actor has answered, raises the
+        lowest actor's error as the process backend does: a sub-env's own, a dead
+        actor's as WorkerError (not Ray's wrappers)."""
+        actors, answers, errors = self._actors, [], []
+        for u, ref in enumerate(refs):
+            try:
+                answers.append(actors.ray.get(ref))
+            except Exception as err:
+                errors.append(actors.remote_error(err, u, method))
+        if errors:
+            raise errors[0]
+        return answers
 
     def _whole_actors(self, env_ids: EnvIds) -> list[tuple[int, np.ndarray]]:
         """The actors ``env_ids`` covers, each with its rows' positions in the send."""

@@ -110,7 +110,10 @@ class EnvRunnerGroup:
 
     @property
     def healthy_runners(self) -> list[int]:
-        """Indices of the runners that are up (started and not known to have failed)."""
+        """Indices of the runners that are up (started and not known to have failed);
+        none after :meth:`stop`."""
+        if self._closed:  # killed: polling them would restart (or blame) them
+            return []
         return [slot.index for slot in self._healthy_slots(block=False)]
 
     def sample(self, concat: bool = True) -> Trajectory | list[Trajectory]:
@@ -179,21 +182,29 @@ class EnvRunnerGroup:
         version = self._params_version
         stats = None if self._statistics is None else ray.put(jax.device_get(self._statistics))
         calls = [(slot, slot.actor.set_params.remote(ref, version, stats)) for slot in self._slots]
+        healthy = [call for call in calls if call[0].healthy]
+        failed: list[tuple[_Slot, str]] = []
+        refused: BaseException | None = None
         try:
-            healthy = [call for call in calls if call[0].healthy]
             for slot, _, why in self._answers(healthy, "set_params", ray.exceptions.RayActorError):
                 if why is not None:
-                    self._restart(slot, why)
+                    failed.append((slot, why))
         except ray.exceptions.RayTaskError as err:  # bad params: the caller's to fix
+            # Before any restart: the failed runners start from the params the others kept.
             self._params_ref, self._params_version = old
-            cause = getattr(err, "cause", None)
-            if not isinstance(cause, Exception):
-                raise
-            cause.add_note(
-                "(EnvRunnerGroup.set_params(): raised by a runner's own set_params; the group "
-                "keeps its old params.)"
-            )
-            raise cause from err
+            refused = err
+        for slot, why in failed:
+            self._restart(slot, why)
+        if refused is None:
+            return
+        cause = getattr(refused, "cause", None)
+        if not isinstance(cause, Exception):
+            raise refused
+        cause.add_note(
+            "(EnvRunnerGroup.set_params(): raised by a runner's own set_params; the group "
+            "and its runners keep their old params.)"
+        )
+        raise cause from refused
 
     @property
     def params_version(self) -> int:
@@ -231,7 +242,9 @@ class EnvRunnerGroup:
 
         Raises:
             RemoteTimeoutError: not within ``timeout_s``.
+            ClosedError: after :meth:`stop`.
         """
+        self._check_open("wait_until_healthy")
         where = "EnvRunnerGroup.wait_until_healthy"
         deadline = time.monotonic() + check_number(where, "timeout_s", timeout_s, hint="seconds")
         while True:

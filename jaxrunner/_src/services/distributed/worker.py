@@ -97,11 +97,20 @@ class RunnerWorker:
         return self.runner.get_connector_state()
 
     def set_params(self, params: Params, version: int, statistics: Statistics | None = None) -> int:
+        """All or nothing: a policy whose params are refused (or statistics that are)
+        puts back the params of the policies set before it, so the runner stays on the
+        group's old params, as the group does."""
         by_policy = self.runner.to_policy_dict(params, "EnvRunnerGroup.set_params(params)")
-        for pid, value in by_policy.items():
-            self.runner.set_params(value, pid)
-        if statistics is not None:
-            self.set_statistics(statistics)
+        old = {pid: self.runner.get_params(pid) for pid in by_policy}
+        try:
+            for pid, value in by_policy.items():
+                self.runner.set_params(value, pid)
+            if statistics is not None:
+                self.set_statistics(statistics)
+        except BaseException:
+            for pid, value in old.items():
+                self.runner.set_params(value, pid)
+            raise
         self.params_version = version
         return version
 
