@@ -1272,6 +1272,21 @@ def test_a_jax_env_checkpoint_refuses_nan_observations_but_not_env_state(tmp_pat
         assert runner.restore(damaged).envs_restored
 
 
+def test_a_jax_env_checkpoint_refuses_episodes_longer_than_the_steps_taken(tmp_path):
+    """An episode step beyond the steps every env took (7 here) was restored, and the
+    next sample recorded steps 1000007, ... (the host samplers refuse the like)."""
+    path, damaged = tmp_path / "walk.ckpt", tmp_path / "damaged.ckpt"
+    with walk_runner() as runner:
+        runner.sample()
+        runner.save(path)
+    edited("sampler/rollout/episode_step", lambda step: step + 10**6)(path, damaged)
+    with (
+        walk_runner() as runner,
+        pytest.raises(InvalidArgumentError, match=r"rollout/episode_step outside \[0, 7\]"),
+    ):
+        runner.restore(damaged)
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [

@@ -147,7 +147,7 @@ def test_a_failed_write_leaves_no_dataset_behind(datasets_path, sampled, monkeyp
     monkeypatch.setattr(minari, "create_dataset_from_buffers", write)
     # The id is free again; an existing dataset is never removed.
     jr.to_minari(sampled[0], "jr/failed/write-v0", **_spaces(sampled))
-    with pytest.raises(ValueError, match="already exists"):
+    with pytest.raises(jr.errors.InvalidArgumentError, match="that dataset exists"):
         jr.to_minari(sampled[0], "jr/failed/write-v0", **_spaces(sampled))
     assert "jr/failed/write-v0" in minari.list_local_datasets()
 
@@ -211,6 +211,29 @@ def test_agent_episodes_are_refused_by_name(datasets_path, sampled) -> None:
     with pytest.raises(ValueError, match=r"AgentEpisode of agent 'agent_0'.*single-agent"):
         jr.to_minari([agent_episode], "jr/agents/refused-v0", **_spaces(sampled))
     assert "jr/agents/refused-v0" not in minari.list_local_datasets()
+
+
+@pytest.mark.parametrize(
+    "dataset_id, kwargs, error, match",
+    [  # each raised Minari's, numpy's or gymnasium's own error before
+        ("cartpole", {}, ValueError, r"dataset_id='cartpole'\): not a Minari dataset id"),
+        ("x/cartpole-v0", {}, ValueError, r"namespace \(if any\) of 2 characters or more"),
+        (3, {}, TypeError, r"to_minari\(dataset_id=3\): expected a str"),
+        ("jr/a-v0", {"episodes": 5}, TypeError, r"to_minari\(episodes=5\): expected an iter"),
+        ("jr/b-v0", {"authr": "me"}, ValueError, r"to_minari\(authr=...\): minari.create_"),
+        ("jr/c-v0", {"author": 5}, ValueError, r"'jr/c-v0'\): Minari refused .*AssertionErr"),
+        ("jr/d-v0", {"env": 5}, ValueError, r"Minari refused .*Unsupported env type"),
+        ("jr/e-v0", {"env": "NoSuchEnv-v9"}, ValueError, r"Minari refused .*NameNotFound"),
+    ],
+)
+def test_to_minari_refuses_what_minari_would_by_name(
+    datasets_path, sampled, dataset_id, kwargs, error, match
+) -> None:
+    kwargs = {"episodes": sampled[0], **_spaces(sampled), **kwargs}
+    with pytest.raises(jr.errors.JaxRunnerError, match=match) as info:
+        jr.to_minari(dataset_id=dataset_id, **kwargs)
+    assert isinstance(info.value, error)
+    assert minari.list_local_datasets() == {}
 
 
 def test_what_from_minari_would_refuse_is_never_written(datasets_path: Path, sampled) -> None:

@@ -119,3 +119,19 @@ def test_writer_and_flatten_refuse_other_arguments_by_name(tmp_path) -> None:
     inside = tmp_path / "a_file" / "runs"  # NotADirectoryError from tensorboardX before
     with pytest.raises(ValueError, match=r"runs'\): .*a_file is a file, not a folder; give a"):
         jr.MetricsWriter(tensorboard_dir=inside)
+
+
+def test_writer_refuses_a_default_step_that_is_no_whole_number() -> None:
+    steps: list[int] = []
+    writer = jr.MetricsWriter(lambda m, step: steps.append(step))
+    writer.write({"num_env_steps": 512.0})  # a whole float (a JSON round trip) is a count
+    assert steps == [512]
+    # 2.7 was truncated to 2; NaN raised a bare ValueError, inf an OverflowError.
+    for count in (2.7, math.nan, math.inf):
+        with pytest.raises(
+            jr.errors.InvalidArgumentError,
+            match=r"MetricsWriter.write\(\): metrics\['num_env_steps'\] is .*, not a whole "
+            r"number.*pass step=",
+        ):
+            writer.write({"num_env_steps": count})
+    assert steps == [512]

@@ -198,7 +198,10 @@ class CheckpointFile(KeptEpisodeReader):
             ids, returns = np.asarray(rollout.episode_id), np.asarray(rollout.episode_return)
             next_id, steps_done = int(rollout.next_episode_id), int(rollout.num_steps)
             step = np.asarray(rollout.episode_step)
-            self.require((step >= 0).all(), f"{where}/episode_step", "negative")
+            # No episode is longer than the steps every env took (the host samplers'
+            # episode_begin is checked likewise); a longer one records steps past them.
+            ok = ((step >= 0) & (step <= steps_done)).all()
+            self.require(ok, f"{where}/episode_step", f"outside [0, {steps_done}]")
             returns_name, lengths_name = "return", "length"
             running = {
                 f"sampler/running/{pid}/": (r["return"], r["length"])

@@ -140,6 +140,10 @@ class MetricsWriter:
             metrics: a (nested) mapping of numbers, e.g. ``runner.get_metrics()``.
             step: the x-axis value; by default ``metrics["num_env_steps"]`` where
                 there is one, else the number of earlier writes.
+
+        Raises:
+            InvalidArgumentError: ``step`` is not an int, or, by default, the
+                ``num_env_steps`` is not a whole number (2.7, NaN).
         """
         if self._closed:  # (its TensorBoard file would be skipped, the sinks still called)
             raise ClosedError(
@@ -149,7 +153,7 @@ class MetricsWriter:
         # First: it refuses a non-mapping by name (before .get raises AttributeError).
         flat = flatten_metrics(metrics, sep=self.sep, prefix=self.prefix)
         if step is None:
-            step = int(metrics.get("num_env_steps", self._writes))
+            step = self._default_step(metrics)
         at: int = check_int("MetricsWriter.write", "step", step, low=-math.inf)
         for sink in self.sinks:
             sink(flat, step=at)
@@ -158,6 +162,24 @@ class MetricsWriter:
                 self._tensorboard.add_scalar(name, value, at)
         self._writes += 1
         return flat
+
+    def _default_step(self, metrics: Mapping[str, Any]) -> int:
+        if "num_env_steps" not in metrics:
+            return self._writes
+        count = metrics["num_env_steps"]
+        if not isinstance(count, Mapping):
+            count = _number("num_env_steps", count)
+        # A whole float (512.0, from a JSON round trip) is a count; 2.7 or NaN is not,
+        # and int() would truncate it or raise a bare ValueError.
+        if isinstance(count, float) and count.is_integer():
+            return int(count)
+        if isinstance(count, int):
+            return count
+        raise InvalidArgumentError(
+            f"MetricsWriter.write(): metrics['num_env_steps'] is {count!r}, not a whole "
+            "number, and it is the default step; pass step= (an int) or give the count "
+            "as an int."
+        )
 
     def flush(self) -> None:
         """Writes buffered TensorBoard events to disk."""

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import gymnasium
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +19,14 @@ from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.core.episode import AgentEpisode, Episode
 from jaxrunner._src.services.datasets.episode_check import EpisodeCheck, import_minari
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+
+DATASET_ID = re.compile(r"(?:[-_\w][-_\w/]*[-_\w]+/)?[-_\w]+?-v\d+")
+"""Minari's ``(namespace/)name-v(version)``, the version required: Minari's own pattern
+makes it optional, then fails on a missing one with a bare ``TypeError``."""
+
+
+OWN = ("env", "observation_space", "action_space")
+"""The arguments of ``minari.create_dataset_from_buffers`` that are ``to_minari``'s own."""
 
 
 def to_minari(
@@ -35,9 +45,9 @@ def to_minari(
     ``minari.MinariDataset``; ``minari.load_dataset(dataset_id)`` opens it later).
 
     The dataset lands in ``$MINARI_DATASETS_PATH`` (default ``~/.minari/datasets``);
-    Minari refuses an existing ``dataset_id``. Actions are stored as the env received them
-    (through ``connectors``' action connectors, Box actions clipped, cast to the space's
-    dtype), observations losslessly.
+    an existing ``dataset_id`` is refused (Minari overwrites none). Actions are stored as
+    the env received them (through ``connectors``' action connectors, Box actions
+    clipped, cast to the space's dtype), observations losslessly.
 
     Args:
         episodes: complete episodes, e.g. from ``runner.sample_episodes(n)``.
@@ -59,18 +69,28 @@ def to_minari(
             ``algorithm_name``, ``author``, ``description``).
 
     Raises:
-        InvalidArgumentError: an episode is not complete (not seen from its reset,
-            or not finished), is an ``AgentEpisode``, or does not fit the spaces (the
-            check :func:`from_minari` makes on reading, made before anything is
-            written); an ``extras`` entry's name holds a ``/`` (it would read back
-            nested); a seed is not an int >= 0. A write that fails leaves no dataset
+        InvalidArgumentError: ``dataset_id`` is not of Minari's form or names a dataset
+            that exists; an episode is not complete (not seen from its reset, or not
+            finished), is an ``AgentEpisode``, or does not fit the spaces (the check
+            :func:`from_minari` makes on reading, made before anything is written); an
+            ``extras`` entry's name holds a ``/`` (it would read back nested); a seed is
+            not an int >= 0; a metadata argument is one Minari does not take, or Minari
+            refuses it or ``env`` as it writes. A write that fails leaves no dataset
             behind.
-        InvalidArgumentTypeError: a space is not a gymnasium space, or an item of
-            ``episodes`` not an Episode.
+        InvalidArgumentTypeError: a space is not a gymnasium space, ``episodes`` not an
+            iterable of Episodes, or ``dataset_id`` not a str.
     """
     minari = import_minari()
     from minari.data_collector import EpisodeBuffer
+    from minari.storage import get_dataset_path
 
+    # Before the episodes are converted: Minari checks the id only once they are.
+    _check_dataset_id(dataset_id, get_dataset_path)
+    if not isinstance(episodes, Iterable):
+        raise InvalidArgumentTypeError(
+            f"to_minari(episodes={episodes!r:.80}): expected an iterable of jaxrunner.Episode "
+            "objects, e.g. runner.sample_episodes(n)."
+        )
     check_space("to_minari", "observation_space", observation_space)
     check_space("to_minari", "action_space", action_space)
     clip = space_arrays.clip_box_actions(action_space)
@@ -135,20 +155,55 @@ def to_minari(
         raise InvalidArgumentError(
             "to_minari: no episodes to write (faulty ones are left out unless include_faulty=True)."
         )
+    takes = inspect.signature(minari.create_dataset_from_buffers).parameters
+    any_key = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in takes.values())
+    unknown = [] if any_key else sorted(set(metadata) - (set(takes) - {"dataset_id", "buffer"}))
+    if unknown:
+        raise InvalidArgumentError(
+            f"to_minari({unknown[0]}=...): minari.create_dataset_from_buffers takes no such "
+            f"metadata; it takes {sorted(set(takes) - {'dataset_id', 'buffer', *OWN})}."
+        )
     options: dict[str, Any] = {"env": env, **metadata}
     if env is None:
         options.update(observation_space=observation_space, action_space=action_space)
-    if "jpeg_encoding" in inspect.signature(minari.create_dataset_from_buffers).parameters:
+    if "jpeg_encoding" in takes:
         options.setdefault("jpeg_encoding", False)  # lossless, as the episodes came
-    from minari.storage import get_dataset_path
-
     existed = get_dataset_path(dataset_id).exists()
     try:
         return minari.create_dataset_from_buffers(dataset_id, buffers, **options)
-    except BaseException:
+    except BaseException as err:
         if not existed and get_dataset_path(dataset_id).exists():  # half written
             minari.delete_dataset(dataset_id)
+        # Minari checks env= and the metadata as it writes (author=5: a bare assert).
+        if isinstance(err, TypeError | ValueError | AssertionError | gymnasium.error.Error):
+            raise InvalidArgumentError(
+                f"to_minari({dataset_id!r}): Minari refused to write the dataset "
+                f"({type(err).__name__}: {err}); nothing was written. Check env= (a gymnasium "
+                "id, EnvSpec or env) and the metadata arguments against "
+                "minari.create_dataset_from_buffers."
+            ) from err
         raise
+
+
+def _check_dataset_id(dataset_id: Any, get_dataset_path: Any) -> None:
+    if not isinstance(dataset_id, str):
+        raise InvalidArgumentTypeError(
+            f"to_minari(dataset_id={dataset_id!r:.80}): expected a str, Minari's "
+            '"(namespace/)name-v(version)", e.g. "jaxrunner/cartpole/ppo-v0".'
+        )
+    if not DATASET_ID.fullmatch(dataset_id):
+        raise InvalidArgumentError(
+            f"to_minari(dataset_id={dataset_id!r}): not a Minari dataset id; give "
+            '"(namespace/)name-v(version)": letters, digits, "-" and "_", a version, and '
+            'a namespace (if any) of 2 characters or more, e.g. "jaxrunner/cartpole/ppo-v0".'
+        )
+    path = get_dataset_path(dataset_id)
+    if path.exists():
+        raise InvalidArgumentError(
+            f"to_minari(dataset_id={dataset_id!r}): that dataset exists ({path}) and Minari "
+            "never overwrites one; give another name or version, or delete it first "
+            f"(minari.delete_dataset({dataset_id!r}))."
+        )
 
 
 def _check_extras_names(episode: Episode) -> None:
