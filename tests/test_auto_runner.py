@@ -198,6 +198,22 @@ def test_pick_layout_takes_envpool_on_one_thread_only_past_the_tie_and_says_so()
     assert "envpool_threads" not in untried.metrics()
 
 
+def test_pick_layout_a_variant_in_a_near_tie_leaves_the_fastest_of_the_rest():
+    rule = choose_layout(1.0, 64, cpus=4)
+    # One thread within VARIANT_TIE of EnvPool's defaults: not kept, and then 2 workers,
+    # faster than EnvPool's defaults, are (not EnvPool, the slower of the two).
+    rates = {0: 100.0, 2: 155.0, "envpool": 150.0, "envpool_one_thread": 160.0}
+    got = pick_layout(rule, rates, policy_step_us=5)
+    assert (got.backend, got.num_workers, got.envpool_options) == ("process", 2, ())
+    assert got.reason.endswith("kept 2 workers")
+    # Past the tie the variant is kept; EnvPool's defaults alone as before.
+    past = pick_layout(rule, {**rates, "envpool_one_thread": 170.0}, policy_step_us=5)
+    assert past.envpool_options == (("num_threads", 1),)
+    only = {0: 100.0, "envpool": 150.0, "envpool_one_thread": 160.0}
+    alone = pick_layout(rule, only, policy_step_us=5)
+    assert (alone.backend, alone.envpool_options) == ("envpool", ())
+
+
 def test_the_trial_times_envpool_on_one_thread_where_its_own_count_is_more():
     assert envpool_variants(64, 2) == ["envpool_one_thread"]
     assert envpool_variants(64, 1) == envpool_variants(1, 2) == []  # EnvPool's own is 1

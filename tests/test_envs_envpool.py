@@ -432,6 +432,27 @@ def test_a_non_finite_value_raises_naming_its_sub_env_in_every_mode(
     assert np.isfinite(partial.obs).all() and np.isfinite(partial.next_obs).all()
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_a_huge_finite_observation_steps_without_a_warning(monkeypatch) -> None:
+    # The finite test of EnvPool's sync steps must not overflow on finite values: numpy's
+    # "overflow encountered in dot" was a RuntimeWarning (an error where warnings are).
+    from jaxrunner._src.backends.envpool_calls import EnvPoolCalls
+
+    recv = EnvPoolCalls.recv
+
+    def huge_recv(self):
+        out = recv(self)
+        obs = np.array(out.obs)
+        obs[1, 2] = 3e38
+        return out._replace(obs=obs)
+
+    with closing(_envpool(4)) as envs:
+        envs.reset(seed=SEED)
+        monkeypatch.setattr(EnvPoolCalls, "recv", huge_recv)
+        out = envs.step_batch(np.zeros(4, np.int64))
+        assert out.next_obs[1, 2] == np.float32(3e38)
+
+
 @pytest.mark.parametrize("keep_reset_steps", [True, False])
 def test_reset_at_resets_one_sub_env_as_envpool_does(keep_reset_steps) -> None:
     """``reset_at(i)`` is EnvPool's own ``reset(env_id=[i])``: the same first observation

@@ -273,3 +273,64 @@ def test_every_backend_hands_the_env_actions_in_its_spaces_dtype(kind) -> None:
         for group in groups:
             bits = group.extras["infos"]["bits"][group.valid if kind == "pettingzoo" else ...]
             assert (bits == 64).all(), (backend, bits)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_finite_batch_test_takes_huge_finite_values_without_a_warning(dtype) -> None:
+    # A square that overflows is no reason to warn (or, where warnings are errors, to
+    # raise); NaN and infinities of either sign read non-finite, in a leaf or a Dict.
+    from jaxrunner._src.space_arrays.checks import finite_batch_test
+
+    box = spaces.Box(-np.inf, np.inf, (3,), dtype)
+    huge = np.finfo(dtype).max
+    test = finite_batch_test(box)
+    assert test is not None
+    assert test(np.array([[huge, -huge, 1.0]] * 40, dtype))
+    for bad in (np.nan, np.inf, -np.inf):
+        batch = np.ones((40, 3), dtype)
+        batch[17, 1] = bad
+        assert not test(batch), bad
+        with np.errstate(all="raise"):  # numpy raising, not warning: the same answers
+            assert not test(batch), bad
+            assert test(np.array([[huge, -huge, 1.0]] * 40, dtype))
+    tree = spaces.Dict({"a": spaces.Discrete(3), "b": box})
+    test = finite_batch_test(tree)
+    assert test is not None
+    assert test({"a": np.zeros(2, np.int64), "b": np.full((2, 3), huge, dtype)})
+    assert not test({"a": np.zeros(2, np.int64), "b": np.full((2, 3), -np.inf, dtype)})
+
+
+class _HugeObs(gymnasium.Env):
+    """Finite observations whose squares overflow float32."""
+
+    observation_space = spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.full(4, 3e37, np.float32), {}
+
+    def step(self, action):
+        return np.full(4, -3e37, np.float32), 0.0, False, False, {}
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_huge_finite_observations_are_sampled_without_a_warning() -> None:
+    # The sync backend's finite test of a block (more than 16 values: a dot product)
+    # overflowed on finite values: numpy's RuntimeWarning, here an error, failed the sample.
+    from jaxrunner._src.space_arrays.checks import all_finite_test
+
+    envs = jr.make_vec(_HugeObs, 8, "sync")
+    policy = jr.models.mlp_policy(_HugeObs.action_space)
+    params = policy.init(jax.random.key(0), _HugeObs.observation_space)
+    with jr.EnvRunner(envs, policy, params, 4, seed=0) as runner:
+        traj = runner.sample()
+    assert (traj.next_obs == np.float32(-3e37)).all()
+    buffer = np.full((8, 4), 3e37, np.float32)
+    test = all_finite_test(_HugeObs.observation_space, buffer)
+    assert test is not None and test(0, 8) and test(2, 3)
+    buffer[5, 1] = -np.inf
+    assert not test(0, 8) and test(0, 5) and not test(5, 6)
+    with np.errstate(all="raise"):
+        assert not test(0, 8) and test(0, 5)

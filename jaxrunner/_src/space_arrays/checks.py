@@ -182,19 +182,30 @@ def _float_leaves(space: spaces.Space, tree: Any, path: str) -> list[tuple[str, 
 
 def finite_batch_test(space: spaces.Space) -> Callable[[Any], bool] | None:
     """``test(batch)``: :func:`all_finite_test` of a whole batch, for a backend that hands
-    out new arrays each step; None without a float leaf."""
+    out new arrays each step; None without a float leaf. One dot product per leaf, with
+    zeros: each product is 0, or NaN where a value is not finite, so finite values never
+    overflow (a square of theirs could: numpy warns, which may raise)."""
     if not _float_leaves(space, allocate(space, (1,)), "obs"):
         return None
     isfinite = math.isfinite
+    zeros: dict[np.dtype, np.ndarray] = {}  # by dtype: as long as the longest leaf yet
+
+    def finite(leaf: np.ndarray) -> bool:
+        flat = leaf.reshape(-1)
+        n, dtype = len(flat), flat.dtype
+        zero = zeros.get(dtype)
+        if zero is None or len(zero) < n:
+            zero = zeros[dtype] = np.zeros(n, dtype)
+        try:
+            return isfinite(flat.dot(zero[:n]))
+        except (RuntimeWarning, FloatingPointError):  # 0 * inf, where numpy's warnings
+            return False  # are errors (or np.seterr raises): the exact check says which
+
     if type(space) in LEAF_SPACES:  # one array: no tree walked per step
-        return lambda batch: isfinite((flat := batch.reshape(-1)).dot(flat))
+        return finite
 
     def test(batch: Any) -> bool:
-        for _, leaf in _float_leaves(space, batch, "obs"):
-            flat = leaf.reshape(-1)
-            if not isfinite(flat.dot(flat)):
-                return False
-        return True
+        return all(finite(leaf) for _, leaf in _float_leaves(space, batch, "obs"))
 
     return test
 
@@ -202,21 +213,28 @@ def finite_batch_test(space: spaces.Space) -> Callable[[Any], bool] | None:
 def all_finite_test(space: spaces.Space, buffer: Any) -> Callable[[int, int], bool] | None:
     """``test(lo, hi)``: True if rows ``[lo, hi)`` of ``buffer`` are surely finite, False
     if they may not be (then :func:`nonfinite_observations` says which); None without
-    a float leaf. One dot product per leaf and block: an overflow of finite values
-    also reads non-finite, which the exact check clears."""
+    a float leaf. One dot product with zeros per leaf and block."""
     leaves = [
-        (leaf.reshape(-1), int(np.prod(leaf.shape[1:], dtype=np.int64)))
+        (flat, int(np.prod(leaf.shape[1:], dtype=np.int64)), np.zeros_like(flat))
         for _, leaf in _float_leaves(space, buffer, "obs")
+        for flat in [leaf.reshape(-1)]
     ]
     if not leaves:
         return None
     isfinite = math.isfinite
 
     def test(lo: int, hi: int) -> bool:
-        for flat, k in leaves:
+        for flat, k, zeros in leaves:
             block = flat[lo * k : hi * k]
-            # A few values: Python's sum of a list costs less than even BLAS's call.
-            if not isfinite(sum(block.tolist()) if len(block) <= 16 else block.dot(block)):
+            # A few values: Python's sum of a list costs less than even BLAS's call. More:
+            # a dot product with zeros (0, or NaN where a value is not finite), which no
+            # finite value overflows (a square could: numpy warns, which may raise).
+            try:
+                if not isfinite(
+                    sum(block.tolist()) if len(block) <= 16 else block.dot(zeros[: len(block)])
+                ):
+                    return False
+            except (RuntimeWarning, FloatingPointError):  # 0 * inf where numpy raises
                 return False
         return True
 
