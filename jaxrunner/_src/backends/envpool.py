@@ -127,9 +127,10 @@ class EnvPoolVectorEnv(NoSubEnvAccess, GymnasiumVectorEnv):
         if (seeds is not None and any(s is not None for s in seeds)) or options:
             given = "seed" if seeds is not None and any(s is not None for s in seeds) else "options"
             raise InvalidArgumentError(
-                f"{type(self).__name__}.reset_at(..., {given}=...): EnvPool seeds its sub-envs "
-                "when the pool is built and takes no reset options; reset one sub-env "
-                "without seed/options, or reset them all with reset(seed=...)."
+                f"{type(self).__name__}: a reset of some sub-envs (reset_at, or a reset_mask) "
+                f"with {given}=...: EnvPool seeds its sub-envs when the pool is built and "
+                "takes no reset options; reset them without seed/options, or reset them all "
+                "with reset(seed=...)."
             )
         ids = np.flatnonzero(mask).astype(np.int32)
         got, obs, info = self._calls.reset(ids)
