@@ -167,6 +167,7 @@ def test_the_inline_batch_test_passes_only_what_the_checks_accept(space, lead) -
     assert passes(good)
 
 
+@pytest.mark.filterwarnings("error:overflow:RuntimeWarning")  # huge finite rows: no warning
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
 def test_non_finite_box_actions_are_refused_before_the_env_steps(value) -> None:
     space = spaces.Box(-2.0, 2.0, (1,), np.float32)

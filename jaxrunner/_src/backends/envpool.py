@@ -4,7 +4,6 @@ actions). See docs/backends/envpool.md."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,7 +26,11 @@ from jaxrunner._src.backends.envpool_calls import (
 from jaxrunner._src.backends.gymnasium_adapter import GymnasiumVectorEnv, gymnasium_seed
 from jaxrunner._src.backends.steps import BatchStep, EnvIds, block_rows
 from jaxrunner._src.backends.vector_infos import EMPTY_RESET_INFOS, SplitInfos
-from jaxrunner._src.space_arrays.checks import check_finite_observations, finite_batch_test
+from jaxrunner._src.space_arrays.checks import (
+    check_finite_observations,
+    finite_batch_test,
+    surely_finite,
+)
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -74,6 +77,7 @@ class EnvPoolVectorEnv(NoSubEnvAccess, GymnasiumVectorEnv):
         super().__init__(pool, masked_reset=self._reset_masked, copy=copy)
         self._action_check = EnvPoolActions(task_id, self.single_action_space)
         self._obs_finite = finite_batch_test(self.single_observation_space)
+        self._no_reward = np.zeros_like(self._reward)
         self.keep_reset_steps = bool(keep_reset_steps)
         # Sub-envs whose episode ended in the last call, reset in the next (a new array
         # each call: a BatchStep keeps the last one as its reset rows).
@@ -205,8 +209,8 @@ class EnvPoolVectorEnv(NoSubEnvAccess, GymnasiumVectorEnv):
         if self._calls.direct:  # EnvPool's fresh arrays of its spec: values checked only
             reward = self._reward
             reward[:] = out.reward
-            if not math.isfinite(reward.dot(reward)):  # (or finite ones that overflow)
-                self._store_flags(out.reward, out.terminated, out.truncated)  # raises if not
+            if not surely_finite(reward, self._no_reward):
+                self._store_flags(out.reward, out.terminated, out.truncated)  # raises, naming it
             if self._obs_finite is not None and not self._obs_finite(out.obs):
                 check_finite_observations(space, out.obs, "step")
             self._terminated[:] = out.terminated

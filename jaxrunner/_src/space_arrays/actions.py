@@ -14,7 +14,7 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src.space_arrays.buffers import LEAF_TYPES, allocate, leaf_spec
-from jaxrunner._src.space_arrays.checks import _describe, mismatch
+from jaxrunner._src.space_arrays.checks import _describe, mismatch, surely_finite
 from jaxrunner.errors import InvalidActionError
 
 
@@ -233,13 +233,18 @@ def passing_batch_test(space: spaces.Space, lead: tuple[int, ...]) -> Callable[[
         starts, stops = space.start, space.start + space.nvec
         return lambda batch: fits(batch) and bool(((batch >= starts) & (batch < stops)).all())
     if kinds == "f":  # a float Box: finite too (NaN and inf refused)
+        zeros: dict[np.dtype, np.ndarray] = {}  # by dtype, one batch long
+        size = math.prod(full)
 
         def finite(batch: Any) -> bool:
-            # fits(batch), inline; then one sum, the exact test only when it is not finite
-            # (a NaN or inf, or finite values whose sum overflows)
+            # fits(batch), inline; then one dot product with zeros (no finite value
+            # overflows it), the exact test only where it is not finite
             if not (type(batch) is np.ndarray and batch.shape == full and batch.dtype.kind == "f"):
                 return False
-            return math.isfinite(batch.sum()) or bool(np.isfinite(batch).all())
+            zero = zeros.get(batch.dtype)
+            if zero is None:
+                zero = zeros[batch.dtype] = np.zeros(size, batch.dtype)
+            return surely_finite(batch.reshape(-1), zero) or bool(np.isfinite(batch).all())
 
         return finite
     if not isinstance(space, spaces.Discrete):

@@ -180,6 +180,16 @@ def _float_leaves(space: spaces.Space, tree: Any, path: str) -> list[tuple[str, 
     return []  # not an array: nothing to check
 
 
+def surely_finite(flat: np.ndarray, zeros: np.ndarray) -> bool:
+    """True if the 1-d ``flat`` is surely finite: its dot product with ``zeros`` (as long)
+    is 0, or NaN where a value is not finite, and no finite value overflows it (a square
+    could: numpy warns, which may raise). False: maybe not (the exact check says which)."""
+    try:
+        return math.isfinite(flat.dot(zeros))
+    except (RuntimeWarning, FloatingPointError):  # 0 * inf, where numpy's warnings are errors
+        return False
+
+
 def finite_batch_test(space: spaces.Space) -> Callable[[Any], bool] | None:
     """``test(batch)``: :func:`all_finite_test` of a whole batch, for a backend that hands
     out new arrays each step; None without a float leaf. One dot product per leaf, with
@@ -187,7 +197,6 @@ def finite_batch_test(space: spaces.Space) -> Callable[[Any], bool] | None:
     overflow (a square of theirs could: numpy warns, which may raise)."""
     if not _float_leaves(space, allocate(space, (1,)), "obs"):
         return None
-    isfinite = math.isfinite
     zeros: dict[np.dtype, np.ndarray] = {}  # by dtype: as long as the longest leaf yet
 
     def finite(leaf: np.ndarray) -> bool:
@@ -196,10 +205,7 @@ def finite_batch_test(space: spaces.Space) -> Callable[[Any], bool] | None:
         zero = zeros.get(dtype)
         if zero is None or len(zero) < n:
             zero = zeros[dtype] = np.zeros(n, dtype)
-        try:
-            return isfinite(flat.dot(zero[:n]))
-        except (RuntimeWarning, FloatingPointError):  # 0 * inf, where numpy's warnings
-            return False  # are errors (or np.seterr raises): the exact check says which
+        return surely_finite(flat, zero[:n])
 
     if type(space) in LEAF_SPACES:  # one array: no tree walked per step
         return finite
@@ -226,15 +232,11 @@ def all_finite_test(space: spaces.Space, buffer: Any) -> Callable[[int, int], bo
     def test(lo: int, hi: int) -> bool:
         for flat, k, zeros in leaves:
             block = flat[lo * k : hi * k]
-            # A few values: Python's sum of a list costs less than even BLAS's call. More:
-            # a dot product with zeros (0, or NaN where a value is not finite), which no
-            # finite value overflows (a square could: numpy warns, which may raise).
-            try:
-                if not isfinite(
-                    sum(block.tolist()) if len(block) <= 16 else block.dot(zeros[: len(block)])
-                ):
+            # A few values: Python's sum of a list costs less than even BLAS's call.
+            if len(block) <= 16:
+                if not isfinite(sum(block.tolist())):
                     return False
-            except (RuntimeWarning, FloatingPointError):  # 0 * inf where numpy raises
+            elif not surely_finite(block, zeros[: len(block)]):
                 return False
         return True
 
