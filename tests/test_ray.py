@@ -566,6 +566,8 @@ def test_ray_call_and_get_attr_raise_the_sub_envs_error_or_a_worker_error_not_ra
             vec.get_attr("env_id")
         with pytest.raises(jr.errors.WorkerError, match=r"actor 1 .* during set_attr\(\)"):
             vec.set_attr("episode_length", 5)
+        with pytest.raises(jr.errors.WorkerError, match=r"actor 1 .* during num_restarts\(\)"):
+            vec.num_restarts  # noqa: B018  (a property that asks every actor)
         assert vec.get_sub_environments()[0].get_attr("env_id") == 0  # actor 0 answers on
 
 

@@ -15,7 +15,7 @@ from jaxrunner._src.backends.ray.actor_manager import ActorPool
 from jaxrunner._src.backends.ray.config import RayConfig, import_ray
 from jaxrunner._src.backends.ray.deadlines import InFlightSteps
 from jaxrunner._src.backends.ray.kinds import AgentRows, Answer, GymnasiumRows
-from jaxrunner._src.backends.remote_sub_envs import RemoteSubEnvs
+from jaxrunner._src.backends.ray.sub_env_calls import ActorSubEnvs
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
 from jaxrunner._src.backends.steps import EnvIds, block_rows
 from jaxrunner._src.backends.sub_env_block import NOT_RUN, stepped_runs
@@ -32,7 +32,7 @@ class Call:
         self.lost: dict[int, BaseException] = {}  # envs whose slot fails, and why
 
 
-class ActorStepping(RemoteSubEnvs):
+class ActorStepping(ActorSubEnvs):
     """The backend contract of a vector env whose sub-envs run in Ray actors, for either
     kind (:mod:`.kinds`); as :class:`~.vector_env.RayVectorEnv` describes."""
 
@@ -91,14 +91,6 @@ class ActorStepping(RemoteSubEnvs):
         it fails (a step the dead actor answered may have been written since)."""
         actors.start(lambda described: kind.describe(self, described, self.unit_rows))
         self._closed_reason = None
-
-    @property
-    def num_restarts(self) -> int:
-        """Sub-envs recreated inside the current actors (a replaced actor's count is
-        lost with it; :attr:`num_actor_restarts` counts replaced actors)."""
-        self._check_open("num_restarts")  # (the closed actors are gone, and their counts)
-        actors = self._actors
-        return sum(actors.get_all([a.num_restarts.remote() for a in actors.actors], None))
 
     @property
     def num_actor_restarts(self) -> int:
@@ -221,36 +213,6 @@ class ActorStepping(RemoteSubEnvs):
             return self.recv()
         lo, hi = block_rows(rows, self.num_envs, type(self).__name__)
         return self._result(self._wait(self._send_rows(actions, lo, hi, rows is None)))
-
-    def _ask_one(self, index: int, method: str, args: tuple) -> Any:
-        actors, u = self._actors, index // self.config.envs_per_actor
-        try:
-            return actors.ray.get(actors.actors[u].on_sub_env.remote(index, method, args))
-        except Exception as err:
-            raise actors.remote_error(err, u, method)  # noqa: B904  (chained as it should be)
-
-    def _ask_each(self, method: str, *args: Any) -> tuple[Any, ...]:
-        refs = [getattr(a, method).remote(*args) for a in self._actors.actors]
-        return tuple(x for part in self._answers(refs, method) for x in part)
-
-    def _set_each(self, name: str, values: list[Any]) -> None:
-        actors = self._actors
-        refs = [a.set_attr.remote(name, values[r]) for a, r in zip(actors.actors, self.unit_rows)]
-        self._answers(refs, "set_attr")
-
-    def _answers(self, refs: list[Any], method: str) -> list[Any]:
-        """Each actor's answer to ``method``; once every actor has answered, raises the
-        lowest actor's error as the process backend does: a sub-env's own, a dead
-        actor's as WorkerError (not Ray's wrappers)."""
-        actors, answers, errors = self._actors, [], []
-        for u, ref in enumerate(refs):
-            try:
-                answers.append(actors.ray.get(ref))
-            except Exception as err:
-                errors.append(actors.remote_error(err, u, method))
-        if errors:
-            raise errors[0]
-        return answers
 
     def _whole_actors(self, env_ids: EnvIds) -> list[tuple[int, np.ndarray]]:
         """The actors ``env_ids`` covers, each with its rows' positions in the send."""
