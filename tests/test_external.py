@@ -373,6 +373,57 @@ def test_reaper_ends_abandoned_episodes_as_truncated():
     np.testing.assert_array_equal(episode.obs, np.stack([obs0, obs1]))
 
 
+def test_rewards_with_no_step_to_carry_them_are_in_the_metrics():
+    """A one-agent episode whose only action is retracted, or dropped by the reaper,
+    keeps the rewards logged after it in ``unassigned_reward``, as a multi-agent env
+    does; ExternalEnv's metrics had no such key."""
+    obs = np.zeros(4, np.float32)
+    with make_external() as env:
+        eid = env.start_episode()
+        future = env.submit_action(eid, obs)
+        future.result(timeout=60)
+        env.log_returns(eid, 2.0)
+        assert env.retract_action(eid, future)  # its only action: no step before
+        env.end_episode(eid, obs)
+        assert env.get_metrics()["unassigned_reward"] == 2.0
+        eid = env.start_episode()
+        env.get_action(eid, obs)
+        env.log_returns(eid, 3.0)
+        assert env.reap(time.monotonic() + 1.0) == 1  # its only action dropped
+        metrics = env.get_metrics()
+    assert metrics["unassigned_reward"] == 5.0 and metrics["num_episodes"] == 0
+
+
+def test_rewards_moved_to_the_step_before_never_overflow_it():
+    """Rewards logged after a retracted or reaped step go to the step before; where
+    their sum would overflow, that step keeps its own (finite) reward and they count in
+    ``unassigned_reward``, as log_returns refuses such a sum: the step got ``inf``."""
+    obs = np.zeros(4, np.float32)
+    with make_external() as env:
+        eid = env.start_episode()
+        env.get_action(eid, obs)
+        env.log_returns(eid, 1e308)
+        future = env.submit_action(eid, obs)
+        future.result(timeout=60)
+        env.log_returns(eid, 0.9e308)
+        assert env.retract_action(eid, future)
+        env.log_returns(eid, -0.5e308)  # its reward is 1e308 again, not inf: this adds
+        env.end_episode(eid, obs)
+        (retracted,) = env.poll_episodes()
+        assert env.get_metrics()["unassigned_reward"] == 0.9e308
+        eid = env.start_episode()
+        env.get_action(eid, obs)
+        env.log_returns(eid, 1e308)
+        env.get_action(eid, obs)  # its outcome never comes
+        env.log_returns(eid, 0.8e308)
+        assert env.reap(time.monotonic() + 1.0) == 1
+        (reaped,) = env.poll_episodes()
+        metrics = env.get_metrics()
+    assert retracted.reward.tolist() == [1e308 - 0.5e308]
+    assert reaped.reward.tolist() == [1e308]
+    assert metrics["unassigned_reward"] == 0.9e308 + 0.8e308
+
+
 def test_run_thread_for_subclasses():
     class Driver(jr.ExternalEnv):
         def run(self) -> None:

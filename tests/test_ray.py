@@ -884,7 +884,8 @@ def two_policies(agent: str) -> str:
     return "a" if agent == "r0" else "b"
 
 
-def test_multi_agent_group_restarts_a_runner_with_the_policies_set_params_left_out():
+def two_policy_params() -> dict:
+    """Params of policies "a" and "b" of the relay env (``two_policies``)."""
     pytest.importorskip("pettingzoo")
     envs = jr.make_vec(jr.testing.relay, 1, policy_mapping_fn=two_policies)
     params = {
@@ -892,6 +893,11 @@ def test_multi_agent_group_restarts_a_runner_with_the_policies_set_params_left_o
         for g in envs.groups
     }
     envs.close()
+    return params
+
+
+def test_multi_agent_group_restarts_a_runner_with_the_policies_set_params_left_out():
+    params = two_policy_params()
     new_a = jax.tree.map(lambda x: x + 1.0, params["a"])
     config = small_group_config(num_runners=1, max_restarts=1, policy_mapping_fn=two_policies)
     with jr.EnvRunnerGroup(jr.testing.relay, POLICY, params, config) as group:
@@ -907,13 +913,7 @@ def test_multi_agent_group_restarts_a_runner_with_the_policies_set_params_left_o
 def test_a_group_whose_runners_refuse_one_policys_params_keeps_every_policy_on_the_old():
     """set_params refused for policy "b" after policy "a"'s were taken: the runner puts
     "a"'s back (it kept them: runners half on the new params, the group on the old)."""
-    pytest.importorskip("pettingzoo")
-    envs = jr.make_vec(jr.testing.relay, 1, policy_mapping_fn=two_policies)
-    params = {
-        g.policy_id: POLICY(g.action_space).init(jax.random.key(0), g.observation_space)
-        for g in envs.groups
-    }
-    envs.close()
+    params = two_policy_params()
     new = {
         "a": jax.tree.map(lambda x: x + 1.0, params["a"]),
         "b": jax.tree.map(lambda x: np.zeros((*x.shape, 2), x.dtype), params["b"]),

@@ -621,6 +621,22 @@ def test_constant_policy_params_reach_remote_clients(served):
         assert env.get_metrics()["num_traces"] == 1
 
 
+def test_a_closed_env_raises_closed_error_through_the_client_as_in_process():
+    # The server answers 503 "closed" for an env closed under it; the client raised
+    # PolicyServerError, not the ClosedError the env raises in process.
+    env = make_env(max_batch=8, buckets=(8,))
+    with (
+        env,
+        PolicyServer(env, require_token=False) as server,
+        PolicyClient(server.url) as client,
+    ):
+        env.close()
+        with pytest.raises(errors.ClosedError, match=r"after close\(\).*HTTP 503 closed"):
+            client.start_episode()
+        with pytest.raises(errors.ClosedError, match="start_episode"):
+            env.start_episode()  # the same kind, in process
+
+
 @pytest.mark.parametrize("inference", ["remote", "local"])
 def test_a_closed_client_refuses_every_call_alike_whatever_its_inference(inference):
     # After close() every call of a PolicyClient raises the same ClosedError, naming the

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import pickle
 import socket
 import threading
 import time
@@ -322,3 +324,54 @@ def test_a_request_with_no_answer_raises_a_jaxrunner_error_that_says_if_retrying
     assert (err.status, err.code) == (0, "network_error")
     assert isinstance(err.__cause__, httpx.ConnectError)
     assert "GET /v1/spaces" in str(err) and "never sent" in str(err)
+
+
+@contextlib.contextmanager
+def one_answer_server(answer: bytes | None):
+    """The URL of a loopback socket that takes one connection, reads its request and
+    sends ``answer`` (None: never answers while the block runs)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        accepted: list[socket.socket] = []
+
+        def serve() -> None:
+            conn, _ = listener.accept()
+            accepted.append(conn)
+            conn.recv(65536)
+            if answer is not None:
+                conn.sendall(answer)
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+        finally:
+            thread.join(10)
+            for conn in accepted:
+                conn.close()
+
+
+def test_a_client_timeout_is_a_timeout_error_as_the_servers_action_timeout_is():
+    # The client's own timeout_s raised a PolicyServerError that was no TimeoutError
+    # (the server's action timeout is one: ActionTimeoutError, as every jaxrunner timeout).
+    with one_answer_server(None) as url, pytest.raises(TimeoutError) as info:
+        jr.serve.PolicyClient(url, timeout_s=0.3)
+    err = info.value
+    assert isinstance(err, jr.serve.PolicyServerError) and (err.status, err.code) == (0, "timeout")
+    assert isinstance(err.__cause__, httpx.TimeoutException) and "GET /v1/spaces" in str(err)
+    back = pickle.loads(pickle.dumps(err))
+    assert (type(back), str(back), back.status, back.code) == (type(err), str(err), 0, "timeout")
+
+
+@pytest.mark.parametrize("case", ["undecodable answer", "invalid url"])
+def test_httpx_errors_never_reach_the_caller(case):
+    # An answer httpx could not decode raised httpx.DecodingError, a URL it could not
+    # parse httpx.InvalidURL: now jaxrunner's errors, saying what is wrong.
+    if case == "invalid url":
+        with pytest.raises(jr.errors.InvalidArgumentError, match=r"url='http://\[::1'.*not a"):
+            jr.serve.PolicyClient("http://[::1", timeout_s=5)
+        return
+    bad_gzip = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 5\r\n\r\nhello"
+    undecodable = pytest.raises(jr.serve.PolicyServerError, match="could not be decoded")
+    with one_answer_server(bad_gzip) as url, undecodable as info:
+        jr.serve.PolicyClient(url, timeout_s=5)
+    assert info.value.code == "invalid_answer" and "gzip" in str(info.value)

@@ -185,6 +185,26 @@ def test_authenticated_idle_connections_outlive_tokenless_churn(tmp_path):
             sock.close()
 
 
+@pytest.mark.parametrize("token_in", ["last", "first"])
+def test_two_authorization_headers_are_refused_by_the_guard_and_the_slots_alike(tmp_path, token_in):
+    # The guard read the last Authorization header, the connection slots the first: the
+    # token in the last got answered though the slot counted the connection tokenless,
+    # and in the first got 401 though the slot counted it authenticated.
+    with serving(tmp_path) as (_, server):
+        slots = server._server.config.http.slots
+        good, bad = f"Bearer {server.token}", "Bearer " + "x" * 43
+        both = [("Authorization", h) for h in ((bad, good) if token_in == "last" else (good, bad))]
+        with httpx.Client(base_url=server.url, timeout=10) as client:  # one connection
+            answer = client.get("/v1/spaces", headers=both)
+            assert answer.status_code == 401
+            wait_for(lambda: slots.num_unauthenticated == 1)  # not authenticated
+            assert "several Authorization headers" in answer.json()["error"]["message"]
+        wait_for(lambda: slots.num_unauthenticated == 0)  # closed
+        with httpx.Client(base_url=server.url, timeout=10) as client:
+            assert client.get("/v1/spaces", headers={"Authorization": good}).status_code == 200
+            assert slots.num_unauthenticated == 0  # one header with the token: authenticated
+
+
 def test_at_the_cap_the_longest_idle_connection_makes_room(tmp_path):
     with serving(tmp_path, max_connections=8, max_unauthenticated_connections=8) as (_, server):
         auth = f"Authorization: Bearer {server.token}\r\n".encode()

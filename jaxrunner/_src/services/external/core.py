@@ -243,6 +243,7 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
                 "num_abandoned_episodes": counts["num_abandoned_episodes"],
                 "num_dropped_steps": counts["num_dropped_steps"],
                 "num_undelivered_actions": counts["num_undelivered_actions"],
+                "unassigned_reward": self._endings.unassigned_reward,
                 "memory_bytes": self._memory.used,
                 "num_faulty_episodes": 0,
                 "num_batches": batches,

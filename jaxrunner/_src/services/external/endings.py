@@ -22,7 +22,7 @@ from jaxrunner._src.services.external.memory import MemoryBudget
 class EpisodeEndings:
     """Ends the agents of live episodes: :meth:`close` and :meth:`remove` with the env's
     ``lock`` held, :meth:`finish` and :meth:`reap` without it. ``unassigned_reward`` sums
-    the rewards of agents that ended without an action."""
+    the rewards of ended agents that no step of theirs carries (none, or an overflow)."""
 
     lock: threading.Lock
     episodes: EpisodeTable
@@ -37,11 +37,17 @@ class EpisodeEndings:
         """Marks the agent ended; returns its record closed at ``final_obs`` for
         :meth:`finish`, or None if it ends without an episode (rewards unassigned)."""
         record.done = True
+        self._unassign(record)
         if not record.ends_as_episode:
-            self.unassigned_reward += record.pending_reward
             return None
         record.close_at(final_obs)
         return record
+
+    def _unassign(self, record: AgentRecord) -> None:
+        """Counts the rewards of an ending agent that no step of it will carry."""
+        self.unassigned_reward += record.unassigned_reward
+        if not record.ends_as_episode:
+            self.unassigned_reward += record.pending_reward
 
     def remove(self, live: EpisodeRecord) -> None:
         """Ends ``live`` (its agents closed already), giving its records' charge back."""
@@ -88,8 +94,7 @@ class EpisodeEndings:
                         continue
                     record.done = True
                     self.counts["num_dropped_steps"] += record.abandon()
-                    if not record.ends_as_episode:  # its only action dropped, with its rewards
-                        self.unassigned_reward += record.pending_reward
+                    self._unassign(record)  # its only action dropped: its rewards too
                     ended.append(record)
                 self.counts["num_abandoned_episodes"] += 1
                 self.remove(live)

@@ -190,7 +190,9 @@ class ExternalEnv(ExternalEnvCore[Episode]):
         ``num_live_episodes``, ``num_started_episodes``, ``num_abandoned_episodes``
         (ended by the reaper), ``num_dropped_steps`` (also ``num_undelivered_actions``:
         actions computed or asked for that never reached their agent, never recorded),
-        ``memory_bytes`` (held by live and unpolled episodes, against
+        ``unassigned_reward`` (rewards logged that no step carries: those of an episode
+        whose only action was retracted or dropped, or whose sum with the step before
+        would overflow), ``memory_bytes`` (held by live and unpolled episodes, against
         ``max_memory_bytes``), ``num_faulty_episodes``, ``num_batches``,
         ``num_policy_rows``, ``mean_batch_size``, ``num_traces``,
         ``params_version``, ``env_steps_per_s`` and ``perf.inference_ms`` (per batch).

@@ -50,6 +50,7 @@ class AgentRecord:
     rewards: list[float] = dataclasses.field(default_factory=list)
     env_steps: list[int] = dataclasses.field(default_factory=list)  # action call of each
     pending_reward: float = 0.0
+    unassigned_reward: float = 0.0  # logged rewards no step could take (see _with_pending)
     done: bool = False  # the agent (or its episode) has ended: no call may name it
     nbytes: int = 0  # what the recorded steps cost (see external.memory)
     _undo: Any = None  # (ticket, previous carry, whether record closed a reward, bytes)
@@ -105,7 +106,7 @@ class AgentRecord:
 
     def undo(self) -> None:
         """Removes the latest step (its action never reached the agent); rewards logged
-        since go back to the step before."""
+        since go back to the step before (see :meth:`_with_pending`)."""
         _, self.carry, closed, size = self._undo
         self._undo = None
         self.nbytes -= size
@@ -114,7 +115,7 @@ class AgentRecord:
         self.extras.pop()
         self.env_steps.pop()
         if closed:
-            self.pending_reward += self.rewards.pop()
+            self.pending_reward = self._with_pending(self.rewards.pop())
 
     def close_at(self, final_obs: Any) -> None:
         """Appends the final observation, closing the last step's reward."""
@@ -132,9 +133,20 @@ class AgentRecord:
         self.extras.pop()
         self.env_steps.pop()
         if self.rewards:  # the episode's return keeps them
-            self.rewards[-1] += self.pending_reward
-            self.pending_reward = 0.0
+            self.rewards[-1] = self._with_pending(self.rewards[-1])
         return 1
+
+    def _with_pending(self, reward: float) -> float:
+        """``reward`` plus the pending rewards, which it takes. Where that sum overflows,
+        ``reward`` alone: a step's reward stays finite (``log_returns`` refuses such a
+        sum) and the pending rewards count in ``unassigned_reward``. No warning: this
+        runs under the env's lock, mid-reap, where a warning may be an error."""
+        total = reward + self.pending_reward
+        if not math.isfinite(total):
+            self.unassigned_reward += self.pending_reward
+            total = reward
+        self.pending_reward = 0.0
+        return total
 
     def to_episode(
         self,

@@ -165,7 +165,9 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
         """Ends the agents of ``obs`` (``{agent_id: final_obs}``) while the episode goes
         on: terminated, or truncated (bootstrap from the final observation). Each agent
         that acted is output as an AgentEpisode; none of them may act again in this
-        episode."""
+        episode. One not yet in the episode is recorded as ended, so it cannot join
+        later: charged to ``max_memory_bytes`` as every agent a call names (past it,
+        ``MemoryLimitError``, nothing ended)."""
         obs = self._check_obs(obs, "end_agents")
         check_bool("end_agents", "truncated", truncated)
         with self._lock:
@@ -213,13 +215,11 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
         ``num_env_steps`` counting action calls (env steps), ``num_agent_steps`` the
         agent transitions of ended agent episodes, ``num_episodes`` and the episode
         statistics agent episodes, ``num_ended_episodes`` env episodes,
-        ``unassigned_reward`` the rewards logged to agents that ended without an action
-        (as the multi-agent runner's), batch counts summed over the policies and
+        ``unassigned_reward`` also the rewards logged to agents that ended without an
+        action (as the multi-agent runner's), batch counts summed over the policies and
         ``params_version`` per policy id. ``memory_bytes`` counts every agent named in
         a live episode, acting or not."""
         metrics = self._metrics("num_env_steps", "num_agent_steps", "num_ended_episodes")
-        with self._lock:
-            metrics["unassigned_reward"] = self._endings.unassigned_reward
         metrics["params_version"] = {pid: b.get_params()[1] for pid, b in self._batchers.items()}
         return metrics
 

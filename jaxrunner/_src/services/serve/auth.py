@@ -8,6 +8,7 @@ import os
 import pathlib
 import secrets
 import stat
+from collections.abc import Iterable
 
 from jaxrunner._src.arg_checks import check_not_folder
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
@@ -89,6 +90,15 @@ def _not_a_folder(path: str | os.PathLike[str]) -> pathlib.Path:
     # (a folder's mode would be blamed, or read_text raise IsADirectoryError)
     check_not_folder(path, f"token file {path}", "serve-token")
     return pathlib.Path(path)
+
+
+def carries_token(headers: Iterable[tuple[bytes, bytes]], token: str) -> bool:
+    """Whether a request's ``(name, value)`` headers carry the token in their one
+    ``Authorization`` header. Two or more are refused whichever holds the token, so the
+    guard (401) and the connection slots read every request alike (they took the last
+    and the first) and no proxy in front can read another one than the server."""
+    values = [value for name, value in headers if name.lower() == b"authorization"]
+    return len(values) == 1 and token_matches(values[0].decode("latin-1"), token)
 
 
 def token_matches(header: str | None, token: str) -> bool:

@@ -81,14 +81,25 @@ class NoAnswerError(PolicyServerError):
                 0,
                 "network_error",
             )
-        code = "timeout" if isinstance(err, httpx.TimeoutException) else "network_error"
-        what = "took longer than the client's timeout_s" if code == "timeout" else "failed"
-        return cls(
+        timed_out = isinstance(err, httpx.TimeoutException)
+        what = "took longer than the client's timeout_s" if timed_out else "failed"
+        kind = NoAnswerTimeoutError if timed_out else cls
+        return kind(
             f"{request}: the answer {what} ({err!r}); the server may have acted on it. "
             + _retry_advice(method, path),
             0,
-            code,
+            "timeout" if timed_out else "network_error",
         )
+
+
+class NoAnswerTimeoutError(NoAnswerError, TimeoutError):
+    """A :class:`NoAnswerError` whose answer took longer than the client's ``timeout_s``
+    (``code`` ``timeout``): a ``TimeoutError``, as the server's own action timeout
+    (``ActionTimeoutError``) and every jaxrunner timeout are."""
+
+    # OSError (TimeoutError's base) lays the instance out: unpickling calls cls.__new__,
+    # which RuntimeError's, first in the MRO, refuses for this class.
+    __new__ = TimeoutError.__new__
 
 
 def _retry_advice(method: str, path: str) -> str:
@@ -152,7 +163,11 @@ def raise_for(status: int, answer: Any) -> None:
         else errors.InvalidArgumentTypeError
         if code == "invalid_type"
         else errors.InvalidArgumentError,  # invalid_value, the schema's invalid_request
-        503: errors.ActionTimeoutError if code == "timeout" else None,
+        503: errors.ActionTimeoutError
+        if code == "timeout"
+        else errors.ClosedError  # the env is closed: what it raises in process
+        if code == "closed"
+        else None,
     }.get(status)
     if kind is not None:
         raise kind(text)
@@ -193,17 +208,7 @@ def request_json(
         with http.stream(
             method, path, json=body, content=content, params=params, headers=headers
         ) as response:
-            data = bytearray()
-            for chunk in response.iter_bytes():  # decoded: a compressed answer is bounded too
-                data += chunk
-                if len(data) > max_bytes:
-                    raise PolicyServerError(
-                        f"the server's answer to {path} is longer than max_answer_bytes="
-                        f"{max_bytes}; it was not read whole. Raise the client's "
-                        "max_answer_bytes if the server is yours (params of a large policy).",
-                        response.status_code,
-                        "answer_too_large",
-                    )
+            data = _read_answer(response, path, max_bytes)
     except httpx.TransportError as err:
         raise NoAnswerError.of(err, method, path) from err
     if response.status_code >= 400:
@@ -214,6 +219,32 @@ def request_json(
         raise_for(response.status_code, answer)
     answer = parse_answer(bytes(data), response.status_code, path)
     return check_fields(answer, fields, f"{method} {path}", response.status_code)
+
+
+def _read_answer(response: httpx.Response, path: str, max_bytes: int) -> bytearray:
+    """The body of ``response``, decoded, up to ``max_bytes``; else
+    :class:`PolicyServerError` (``answer_too_large``, ``invalid_answer``)."""
+    data = bytearray()
+    try:
+        for chunk in response.iter_bytes():  # decoded: a compressed answer is bounded too
+            data += chunk
+            if len(data) > max_bytes:
+                raise PolicyServerError(
+                    f"the server's answer to {path} is longer than max_answer_bytes="
+                    f"{max_bytes}; it was not read whole. Raise the client's "
+                    "max_answer_bytes if the server is yours (params of a large policy).",
+                    response.status_code,
+                    "answer_too_large",
+                )
+    except httpx.DecodingError as err:  # (else httpx's own error reaches the caller)
+        raise PolicyServerError(
+            f"the server's answer to {path} could not be decoded ({err}; Content-Encoding "
+            f"{response.headers.get('content-encoding')!r}); is the URL a jaxrunner policy "
+            "server?",
+            response.status_code,
+            "invalid_answer",
+        ) from err
+    return data
 
 
 class ClientCore:
@@ -260,15 +291,21 @@ class ClientCore:
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         self.max_answer_bytes = max_answer_bytes
-        self._http = httpx.Client(
-            base_url=url,
-            headers=headers,
-            timeout=timeout_s,
-            # Expiring before the server's keep-alive (30 s): no request on a closing connection.
-            limits=httpx.Limits(
-                max_connections=256, max_keepalive_connections=256, keepalive_expiry=10.0
-            ),
-        )
+        try:
+            self._http = httpx.Client(
+                base_url=url,
+                headers=headers,
+                timeout=timeout_s,
+                # Expiring before the server's keep-alive (30 s): no request on a closing one.
+                limits=httpx.Limits(
+                    max_connections=256, max_keepalive_connections=256, keepalive_expiry=10.0
+                ),
+            )
+        except httpx.InvalidURL as err:  # (else httpx's own error reaches the caller)
+            raise errors.InvalidArgumentError(
+                f"{type(self).__name__}(url={url!r}): not a valid URL ({err}); expected the "
+                "server's URL as PolicyServer.url gives it (e.g. 'http://127.0.0.1:8000')."
+            ) from None
         try:
             self._spaces = self._call("GET", "/v1/spaces")
             if (

@@ -9,7 +9,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from jaxrunner._src.services.serve.auth import token_matches
+from jaxrunner._src.services.serve.auth import carries_token
 from jaxrunner._src.services.serve.error_handlers import error_response
 
 OPEN_PATHS = frozenset({"/v1/health", "/openapi.json"})
@@ -34,13 +34,12 @@ class Guard:
             return
         headers = {k.lower(): v for k, v in scope["headers"]}
         if self.token is not None and scope["path"] not in OPEN_PATHS:
-            auth = headers.get(b"authorization", b"").decode("latin-1")
-            if not token_matches(auth, self.token):
+            if not carries_token(scope["headers"], self.token):
                 await error_response(
                     401,
                     "unauthorized",
-                    "missing or wrong token: send 'Authorization: Bearer <token>' with the token "
-                    "from the server's token file.",
+                    "missing or wrong token, or several Authorization headers: send one "
+                    "'Authorization: Bearer <token>' with the token from the server's token file.",
                 )(scope, receive, send)
                 return
         if scope["method"] in ("POST", "PUT", "PATCH"):

@@ -15,7 +15,7 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from jaxrunner._src.services.serve.auth import token_matches
+from jaxrunner._src.services.serve.auth import carries_token
 from jaxrunner._src.services.serve.config import ServerConfig
 from jaxrunner._src.services.serve.slots import ConnectionSlots
 
@@ -214,9 +214,7 @@ class DeadlineH11Protocol(H11Protocol):
             self._lingering = self.loop.call_later(self.slots.linger_s, self._linger_over)
 
     def _on_request(self, event: h11.Request) -> None:
-        token = self.token
-        auth = next((value for name, value in event.headers if name == b"authorization"), None)
-        if token is None or (auth is not None and token_matches(auth.decode("latin-1"), token)):
+        if self.token is None or carries_token(event.headers, self.token):
             self.slots.authenticated(self)
         else:
             self.slots.tokenless(self)
