@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 
 import chex
 import flax.linen as nn
@@ -466,6 +467,26 @@ def test_episode_returns_are_each_episodes_own_and_overflow_is_left_out(rollout_
     assert metrics["episode_return_min"] == min(finite) == 1.0
     assert metrics["episode_return_max"] == max(finite) == 2.0**60
     assert metrics["episode_length_mean"] == 3
+
+
+class HugeReturns(ScriptedRewards):
+    """Episodes of 3 steps whose finite returns are each near float64's max."""
+
+    SCRIPT = ((1.5e308, 0.0, 0.0),)
+
+
+def test_the_mean_return_of_huge_finite_returns_is_finite_and_exact():
+    """Finite returns whose sum overflows: the mean is theirs (np.mean gave inf and warned
+    "overflow encountered in reduce", an error where warnings are)."""
+    envs = jr.make_vec(HugeReturns, 2)
+    policy = jr.Policy.from_linen(ActorCritic(2), envs.single_action_space)
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, 6, 0) as runner, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        runner.sample()
+        metrics = runner.get_metrics()
+    assert metrics["num_episodes"] == 4
+    assert metrics["episode_return_mean"] == metrics["episode_return_max"] == 1.5e308
 
 
 def test_perf_timers_mean_and_ema():

@@ -117,11 +117,19 @@ class EpisodeStats:
 
         return {
             "num_episodes": self.num_episodes,
-            "episode_return_mean": stat(self._returns, np.mean),
+            "episode_return_mean": stat(self._returns, finite_mean),
             "episode_return_min": stat(self._returns, np.min),
             "episode_return_max": stat(self._returns, np.max),
             "episode_length_mean": stat(self._lengths, np.mean),
         }
+
+
+def finite_mean(values: collections.deque) -> float:
+    """The mean of finite values, also where their sum overflows (returns near float64's
+    max: ``np.mean`` gives inf and warns)."""
+    with np.errstate(over="ignore"):
+        mean = np.mean(values)
+    return mean if np.isfinite(mean) else np.sum(np.asarray(values) / len(values))
 
 
 class RunnerMetrics:
