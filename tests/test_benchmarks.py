@@ -542,6 +542,21 @@ def test_envpool_step_overhead_times_each_part(tmp_path):
     assert row["median_us"]["step_batch"] > 0 and row["median_us"]["adapter_work"] > 0
 
 
+def test_envpool_modes_times_each_mode_against_both_hand_loops(tmp_path):
+    pytest.importorskip("envpool")
+    out = tmp_path / "envpool_modes.json"
+    _run("envpool_modes.py", "--num-envs", "4", "--rounds", "2", "--seconds", "0.05",
+         "--out", str(out))  # fmt: skip
+    (row,) = json.loads(out.read_text())["results"]
+    names = {"hand_sync", "hand_async", "sync", "sync_one_thread", "async", "async_fewer_threads"}
+    assert row["num_envs"] == 4 and set(row["steps_per_s"]) == set(row["over_best_hand"]) == names
+    assert all(len(s["rounds"]) == 2 and s["median"] > 0 for s in row["steps_per_s"].values())
+    assert row["async_fewer_threads_options"]["batch_size"] == 2
+    assert (
+        0 < row["over_best_hand"]["hand_sync"] <= 1 and 0 < row["over_best_hand"]["hand_async"] <= 1
+    )
+
+
 def test_peers_workload_times_jaxrunners_envpool_backend_against_envpool_by_hand(tmp_path):
     """Where EnvPool imports beside jaxrunner, a workload run has an ``envpool`` row:
     jaxrunner's EnvPool backend, EnvPool by hand in sync mode and (from the peers'

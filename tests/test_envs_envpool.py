@@ -527,12 +527,12 @@ def test_default_sends_in_the_background() -> None:
             mine.send(np.zeros(2, np.int64), slice(0, 2))
 
 
-@pytest.mark.parametrize("winner", ["envpool", "envpool_one_thread", 0])
+@pytest.mark.parametrize("winner", ["envpool", "envpool_one_thread", "envpool_async", 0])
 def test_from_env_tries_envpool_and_builds_what_it_chose(monkeypatch, winner) -> None:
     """Where EnvPool has the id, ``from_env``'s trial times its backend too, at its
-    defaults and on one thread (the rule keeps these cheap envs in sync, so nothing else
-    is tried); the runner built is the one a user builds by hand on the chosen backend
-    with those options."""
+    defaults, on one thread and in async mode (the rule keeps these cheap envs in sync,
+    so nothing else is tried); the runner built is the one a user builds by hand on the
+    chosen backend with those options (async: the same trajectories, ready-first)."""
     from jaxrunner._src.runner import auto_layout
 
     picked: list[dict] = []
@@ -555,14 +555,40 @@ def test_from_env_tries_envpool_and_builds_what_it_chose(monkeypatch, winner) ->
     assert len(picked) == 1 and set(picked[0]) == {0, "envpool", *variants}
     assert min(picked[0].values()) > 0
     backend = "envpool" if winner else "sync"
-    by_hand = auto_layout.envpool_options(winner, 4) if winner else {}
     assert choice is not None and choice.backend == backend
+    by_hand = auto_layout.envpool_options(winner, 4, choice.cpus) if winner else {}
     assert dict(choice.envpool_options) == (by_hand if winner != "envpool" else {})
     if config is not None:  # the pool built as asked (0: EnvPool's own thread count)
         assert config["num_threads"] == by_hand.get("num_threads", 0)
+        assert config["batch_size"] == by_hand.get("batch_size", 4)
     envs = jr.make_vec("CartPole-v1", 4, backend, **by_hand)
     with jr.EnvRunner(envs, policy, params, 8, SEED) as ref:
         assert_trees_equal(got, ref.sample(), f"from_env(auto -> {backend}) vs by hand")
+
+
+def test_from_env_times_envpool_async_on_the_second_of_two_samples(monkeypatch) -> None:
+    """A ready-first sample's envs run into the next one: the trial times the async
+    pool's second sample of two in a row (a sample right after other layouts' starts
+    ahead), the others' single samples."""
+    from jaxrunner._src.backends.envpool_async import EnvPoolAsyncVectorEnv
+
+    calls: dict[int, list[bool]] = {}  # runner -> on async envs, per sample
+    real = jr.EnvRunner.sample
+
+    def counted(self, *args, **kwargs):
+        is_async = isinstance(self.envs, EnvPoolAsyncVectorEnv)
+        calls.setdefault(id(self), []).append(is_async)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(jr.EnvRunner, "sample", counted)
+    env = gymnasium.make("CartPole-v1")
+    policy = jr.models.mlp_policy(env.action_space)
+    params = policy.init(jax.random.key(0), env.observation_space)
+    with jr.EnvRunner.from_env("CartPole-v1", 4, policy, params, 8, SEED):
+        pass
+    single = {len(c) for c in calls.values() if not c[0]}
+    paired = [len(c) for c in calls.values() if c[0]]
+    assert len(single) == 1 and paired == [2 * single.pop()]
 
 
 def test_auto_builds_an_id_only_envpool_has_on_envpool_with_its_kwargs() -> None:

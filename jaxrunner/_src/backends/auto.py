@@ -60,10 +60,11 @@ class LayoutChoice:
     """The policy's time per vector step in that trial (sync), in microseconds."""
     envpool_options: tuple[tuple[str, int], ...] = ()
     """The ``make_vec`` options of the ``"envpool"`` backend that the trial chose beyond
-    its defaults: ``(("num_threads", 1),)`` (one thread); empty: its defaults."""
+    its defaults: ``(("num_threads", 1),)`` (one thread), or ``batch_size`` and
+    ``num_threads`` (async mode); empty: its defaults."""
     tried_envpool_variants: tuple[tuple[str, float], ...] = ()
     """Env steps/s of the other ``"envpool"`` variants in that trial, as ``(name, rate)``
-    (``"one_thread"``); empty where none was tried."""
+    (``"one_thread"``, ``"async"``); empty where none was tried."""
 
     def process_config(self) -> ProcessConfig | None:
         """The ``ProcessConfig`` that builds this layout (None for sync): its workers,
@@ -92,6 +93,7 @@ class LayoutChoice:
         if self.tried_envpool_variants:
             options = dict(self.envpool_options)
             metrics["envpool_threads"] = options.get("num_threads", 0)  # 0: EnvPool's own
+            metrics["envpool_batch_size"] = options.get("batch_size", 0)  # 0: sync mode
             for name, rate in self.tried_envpool_variants:
                 metrics[f"tried_envpool_{name}_steps_per_s"] = rate
         return metrics

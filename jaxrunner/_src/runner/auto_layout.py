@@ -47,12 +47,14 @@ they often differ by less than a trial's noise (HalfCheetah at 8 envs won a tria
 one thread by 5%, then ran 0.90x)."""
 ENVPOOL = "envpool"
 """The trial's key of the ``"envpool"`` backend (the others are worker counts, 0 sync)."""
-ENVPOOL_VARIANTS = ("envpool_one_thread",)
+ENVPOOL_VARIANTS = ("envpool_one_thread", "envpool_async")
 """The trial's keys of the ``"envpool"`` backend beyond its defaults
 (:func:`envpool_options`): cheap envs can step faster on one thread (no step handed
-between threads). Not its async mode: a ready-first sample's envs run into the next
-sample, so a trial's fastest sample over-rates it (at 1,024 CartPoles a trial ranked it
-first, 767k env steps/s, where it then ran 0.76x the pool on one thread)."""
+between threads); its async mode, on a thread fewer than the CPUs, overlaps the policy
+with half the envs stepping (the runner's thread keeps a CPU of its own)."""
+PAIRED = ("envpool_async",)
+"""Keys timed on the second of two samples in a row: a ready-first sample's envs run
+into the next one, so a sample right after other layouts' starts ahead."""
 TRIAL_OPTIONS = ("num_splits", "connectors", "info_keys", "compact_next_obs")
 """The runner options that change the work of a step, which the trial runners share."""
 
@@ -183,6 +185,9 @@ def _trial(
         """Seconds per valid transition of one sample of ``key``'s runner."""
         start = time.perf_counter()
         try:
+            if key in PAIRED:  # its envs then start where they would in a run of samples
+                runners[key].sample()
+                start = time.perf_counter()
             traj = runners[key].sample()
             return (time.perf_counter() - start) / max(1, int(np.count_nonzero(traj.valid)))
         except Exception as err:
@@ -203,7 +208,8 @@ def _trial(
             envs: Any = None
             try:
                 if key == ENVPOOL or key in ENVPOOL_VARIANTS:
-                    envs = make_vec(env, num_envs, ENVPOOL, **envpool_options(str(key), num_envs))
+                    pool = envpool_options(str(key), num_envs, rule.cpus)
+                    envs = make_vec(env, num_envs, ENVPOOL, **pool)
                     if not _same_spaces(envs, runners[0].envs):  # the policy's: sync's
                         envs.close()
                         continue
@@ -242,12 +248,9 @@ def _trial(
         dropped = "; ".join(
             f"{_label(key)} failed ({err!r})" for key, err in sorted(failed.items(), key=str)
         )
-        kept: int | str = choice.num_workers
-        if choice.backend == ENVPOOL:
-            kept = ENVPOOL + "_one_thread" * bool(choice.envpool_options)
         warnings.warn(
             f'EnvRunner.from_env(backend="auto"): in the trial of layouts, {dropped}; '
-            f"dropped, and {_label(kept)} kept.",
+            f"dropped, and {_label(kept_key(choice))} kept.",
             RuntimeWarning,
             stacklevel=4,
         )
@@ -256,14 +259,29 @@ def _trial(
 
 
 def envpool_variants(num_envs: int, cpus: int) -> list[str]:
-    """The :data:`ENVPOOL_VARIANTS` a trial times: one thread where EnvPool's own count
-    is more."""
+    """The :data:`ENVPOOL_VARIANTS` a trial times, where there are 2 CPUs and 2 envs or
+    more (EnvPool's own count is then more than one thread, and async mode can overlap)."""
     return list(ENVPOOL_VARIANTS) if min(num_envs, cpus) > 1 else []
 
 
-def envpool_options(key: str, num_envs: int) -> dict[str, Any]:
-    """``make_vec``'s options for EnvPool variant ``key`` (:data:`ENVPOOL`: none)."""
-    return {"num_threads": 1} if key == "envpool_one_thread" else {}
+def envpool_options(key: str, num_envs: int, cpus: int) -> dict[str, Any]:
+    """``make_vec``'s options for EnvPool variant ``key`` (:data:`ENVPOOL`: none) on
+    ``cpus`` CPUs: async mode answers half the envs per ``recv``."""
+    if key == "envpool_one_thread":
+        return {"num_threads": 1}
+    if key == "envpool_async":
+        batch = max(1, num_envs // 2)
+        return {"batch_size": batch, "num_threads": max(1, min(batch, cpus - 1))}
+    return {}
+
+
+def kept_key(choice: LayoutChoice) -> int | str:
+    """The trial's key of the layout ``choice`` holds (its worker count, or an EnvPool
+    variant's name)."""
+    if choice.backend != ENVPOOL:
+        return choice.num_workers
+    options = dict(choice.envpool_options)
+    return "envpool_async" if "batch_size" in options else ENVPOOL + "_one_thread" * bool(options)
 
 
 def envpool_has(env: Any, env_kwargs: Mapping[str, Any], restart_policy: Any) -> bool:
@@ -349,7 +367,9 @@ def pick_layout(
         tried=tuple((int(key), rates[key]) for key in order if key not in pools),
         tried_envpool=rates.get(ENVPOOL),
         policy_step_us=policy_step_us,
-        envpool_options=tuple(envpool_options(str(best), rule.num_envs).items()) if variant else (),
+        envpool_options=tuple(envpool_options(str(best), rule.num_envs, rule.cpus).items())
+        if variant
+        else (),
         tried_envpool_variants=tuple(
             (str(key).removeprefix("envpool_"), rates[key])
             for key in order
@@ -365,5 +385,7 @@ def _processes(key: int | str) -> int:
 
 def _label(key: int | str) -> str:
     if key == ENVPOOL or key in ENVPOOL_VARIANTS:
-        return "envpool" + " on 1 thread" * (key == "envpool_one_thread")
+        return {"envpool_one_thread": "envpool on 1 thread", "envpool_async": "envpool async"}.get(
+            str(key), ENVPOOL
+        )
     return "sync" if key == 0 else f"{key} worker{'s' if int(key) > 1 else ''}"
