@@ -41,7 +41,8 @@ and policy (NatureCNN on Pong, a 256-256 Gaussian MLP on HalfCheetah) recording
   physical core but one, left to the main process) -- the parallel ones;
 * row ``envpool`` (where EnvPool imports in this venv too): jaxrunner's envpool backend
   at its defaults and in async mode (``batch_size = num_envs // 2``, under "others"),
-  EnvPool by hand in sync mode (its hand loop) and in async mode.
+  ``EnvRunner.from_env(backend="auto")`` (its trial's choice, under "others"), EnvPool
+  by hand in sync mode (its hand loop) and in async mode.
 
 EnvPool, PufferLib (with torch, which ``import pufferlib`` needs) and RLlib (where
 ``ray.rllib`` imports there; else in this process) conflict with the main venv: they
@@ -103,10 +104,12 @@ PARALLEL_PEERS: tuple[str, ...] = ("envpool", "envpool_async", "puffer_mp")
 """Peers timed beside jaxrunner's process backend, in the peers' venv (gymnasium's
 AsyncVectorEnv, by hand in the main venv, too)."""
 JAXRUNNER_VARIANT_LABELS = {
-    "jaxrunner_async": "jaxrunner, EnvPool async mode (batch_size = num_envs // 2)"
+    "jaxrunner_async": "jaxrunner, EnvPool async mode (batch_size = num_envs // 2)",
+    "jaxrunner_auto": 'jaxrunner, EnvRunner.from_env(backend="auto"): its trial\'s choice',
 }
-"""The envpool row's second jaxrunner system: its backend in EnvPool's async mode, as
-the async hand loop beside it."""
+"""The envpool row's other jaxrunner systems: its backend in EnvPool's async mode, as
+the async hand loop beside it, and ``EnvRunner.from_env`` (which tries EnvPool's modes
+where EnvPool has the env)."""
 
 ENVPOOL_PEERS: tuple[str, ...] = ("envpool_async",)
 """Peers timed beside jaxrunner's envpool backend (where EnvPool imports in this venv:
@@ -204,6 +207,7 @@ def workload_rows(
                     variants={"async": {"batch_size": max(1, width // 2)}}
                     if kind == "envpool"
                     else None,
+                    auto=kind == "envpool",
                 )
             )
             for system in local.values():

@@ -568,7 +568,9 @@ def test_peers_workload_times_jaxrunners_envpool_backend_against_envpool_by_hand
     report = json.loads(out.read_text())
     assert [row["backend"] for row in report["results"]] == ["sync", "process", "envpool"]
     envpool = report["results"][2]
-    assert {"jaxrunner", "jaxrunner_async", "hand", "hand_envpool_async"} <= set(envpool["systems"])
+    systems = {"jaxrunner", "jaxrunner_async", "jaxrunner_auto", "hand", "hand_envpool_async"}
+    assert systems <= set(envpool["systems"])
+    assert envpool["systems"]["jaxrunner_auto"]["label"].startswith("jaxrunner, EnvRunner.from_env")
     assert envpool["systems"]["hand"]["label"] == "hand loop: EnvPool, sync mode"
     assert envpool["systems"]["jaxrunner_async"]["label"].startswith("jaxrunner, EnvPool async")
     assert "envpool row" not in report["skipped"]

@@ -120,12 +120,14 @@ def measure_width(
     labels: Mapping[str, str] | None = None,
     variants: Mapping[str, dict[str, Any]] | None = None,
     rollout_length: int | None = None,
+    auto: bool = False,
 ) -> dict[str, Any]:
     """Builds every system of ``plan`` at ``num_envs``, then times them, and the
     parent's own ``local`` ones (``measure(seconds)``), in ``rounds`` interleaved rounds
     of ``seconds`` each; a system that fails is left out, its error recorded. For
     ``benchmarks/``: ``peers`` (``reference -> child``) are timed as ``hand_<reference>``,
-    ``variants`` (``name -> make_vec options``) as ``jaxrunner_<name>``, ``labels`` name
+    ``variants`` (``name -> make_vec options``) as ``jaxrunner_<name>``, with ``auto``
+    ``EnvRunner.from_env(backend="auto")`` as ``jaxrunner_auto``; ``labels`` name
     systems for the report."""
     length = rollout_length
     if length is None:
@@ -145,6 +147,9 @@ def measure_width(
     for name, env_kwargs in (variants or {}).items():
         spec = Spec(system="jaxrunner", env_kwargs=env_kwargs, **common)
         builds[f"jaxrunner_{name}"] = (harness.defaults, spec)
+    if auto:
+        spec = Spec(system="jaxrunner", **{**common, "backend": "auto"})
+        builds["jaxrunner_auto"] = (harness.defaults, spec)
     row: dict[str, Any] = {
         "backend": plan.backend,
         "num_envs": num_envs,
