@@ -1288,6 +1288,28 @@ def test_a_jax_env_checkpoint_refuses_episodes_longer_than_the_steps_taken(tmp_p
 
 
 @pytest.mark.parametrize(
+    "make, name",
+    [
+        (walk_runner, "actor/env_steps"),
+        (drift_runner, "actor/actors/policy_0/env_steps"),  # (agents act on their turns)
+    ],
+)
+def test_a_jax_env_checkpoint_refuses_policy_steps_beyond_the_steps_taken(tmp_path, make, name):
+    """A policy row's step count (which seeds its action keys) beyond the steps every env
+    took (7 here) was restored silently: the next samples drew other actions."""
+    path, damaged = tmp_path / "scan.ckpt", tmp_path / "damaged.ckpt"
+    with make() as runner:
+        runner.sample()
+        runner.save(path)
+    edited(f"sampler/rollout/{name}", lambda steps: steps + 10**6)(path, damaged)
+    match = rf"rollout/{name} outside \[0, 7\]"
+    with make() as runner, pytest.raises(InvalidArgumentError, match=match):
+        runner.restore(damaged)
+    with make() as runner:  # the steps as saved still restore
+        assert runner.restore(path).envs_restored
+
+
+@pytest.mark.parametrize(
     "kwargs, match",
     [
         ({"max_bytes": True}, r"max_bytes=True\): expected an int >= 0"),

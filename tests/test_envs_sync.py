@@ -84,6 +84,35 @@ def test_the_seeds_contract_test_fails_a_backend_that_ignores_the_seeds(kind: st
         Broken().test_reset_batch_seeds_sub_env_i_with_seeds_i(kind)
 
 
+class _DropsUnassignedRewards:
+    """A broken backend: every step reports no unassigned reward."""
+
+    def step_batch(self, actions: Any, rows: slice | None = None) -> Any:
+        out = super().step_batch(actions, rows)  # type: ignore[misc]
+        out.unassigned_reward[:] = 0.0
+        return out
+
+
+def test_the_parity_contract_test_fails_a_backend_that_drops_unassigned_rewards() -> None:
+    """Resign's p1 gets +1 and never acts when p0 resigns: a reward no transition carries.
+    The contract read no ``unassigned_reward``, so a backend that dropped it passed (and
+    runners on it reported ``get_metrics()["unassigned_reward"]`` 0)."""
+    from tests.test_multi_agent_aec import resign
+
+    class WithResign(TestSyncContract):
+        def env_cases(self) -> dict[str, Any]:
+            return {"resign": resign}
+
+    class Broken(WithResign):
+        def make_vec(self, env_fns: Sequence[Callable[[], Any]], restart_policy=None) -> Any:
+            cls = type("Broken", (_DropsUnassignedRewards, SyncMultiAgentVectorEnv), {})
+            return cls(env_fns, restart_policy=restart_policy)
+
+    WithResign().test_step_for_step_equal_to_the_envs_stepped_by_hand("aec")  # sync: right
+    with pytest.raises(AssertionError, match=r"unassigned_reward 0\.0, by hand 1\.0"):
+        Broken().test_step_for_step_equal_to_the_envs_stepped_by_hand("aec")
+
+
 # -- parity with gymnasium ------------------------------------------------------------------------
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import gymnasium
 import jax
@@ -116,6 +118,58 @@ def test_max_env_steps_gives_up_with_the_episodes_that_completed(setup) -> None:
     partial = info.value.partial_result
     assert partial.num_episodes == 2 and partial.env_ids.tolist() == [0, 0]
     assert [e.env_id for e in partial.episodes] == [0, 0]
+
+
+class _ThreeSteps(_Endless):
+    """CartPole's spaces, episodes of 3 steps."""
+
+    def reset(self, *, seed=None, options=None):
+        self.t = 0
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(4, np.float32), 1.0, self.t == 3, False, {}
+
+
+class _ResetSlots(jr.SyncVectorEnv):
+    """A SyncVectorEnv whose envs spend the call after each episode's end on a reset slot
+    (no transition, no fault), as EnvPool's with ``keep_reset_steps=True``."""
+
+    capabilities = dataclasses.replace(jr.SyncVectorEnv.capabilities, reset_steps=True)
+
+    def reset_batch(self, seeds, options=None):
+        self._ended = np.zeros(self.num_envs, bool)
+        return super().reset_batch(seeds, options)
+
+    def _step(self, per_env, rows):
+        lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
+        buf, resets = self._buffers, self._ended[lo:hi].copy()
+        infos, reset_infos = [], {}
+        for i in range(lo, hi):
+            if resets[i - lo]:  # the new episode's first observation (reset already) again
+                buf.next_obs[i], buf.reward[i] = buf.obs[i], 0.0
+                buf.terminated[i] = buf.truncated[i] = False
+                infos.append({})
+                continue
+            out = self._block.step(i, i + 1, per_env[i - lo : i - lo + 1])
+            infos += out.infos
+            reset_infos.update(out.reset_infos)
+        self._ended[lo:hi] = ~resets & (buf.terminated[lo:hi] | buf.truncated[lo:hi])
+        step = buf.batch_step(self.single_observation_space, rows, infos, reset_infos)
+        return step._replace(reset_rows=resets if resets.any() else None)
+
+
+def test_max_env_steps_counts_transitions_not_reset_slots(setup) -> None:
+    """Each 3-step episode takes 4 slots (its reset slot after it). After 2 samples of 4
+    slots, 6 transitions: evaluate gave up at max_env_steps=7, counting 8 env steps."""
+    policy, params, _ = setup
+    with _ResetSlots([_ThreeSteps]) as envs:
+        kwargs = {"num_episodes": 3, "rollout_length": 4}
+        result = jr.evaluate(envs, policy, params, **kwargs, max_env_steps=7)
+        assert result.lengths.tolist() == [3, 3, 3]
+        with pytest.raises(EvaluationIncompleteError, match="2 of 3 episodes complete after 6 env"):
+            jr.evaluate(envs, policy, params, **kwargs, max_env_steps=6)
 
 
 def test_bad_num_episodes(setup) -> None:

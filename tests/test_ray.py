@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 
 import jaxrunner as jr
+from jaxrunner._src.services.distributed import group as group_module
+from jaxrunner._src.services.distributed.worker import RunnerWorker
 from jaxrunner.models import mlp_policy
 from jaxrunner.testing import CountingEnv
 from tests.multi_agent_envs import HOST_KINDS
@@ -571,6 +573,56 @@ def test_ray_call_and_get_attr_raise_the_sub_envs_error_or_a_worker_error_not_ra
         assert vec.get_sub_environments()[0].get_attr("env_id") == 0  # actor 0 answers on
 
 
+class NappingEnv(gymnasium.Wrapper):
+    """Its ``nap()`` and ``drowsy`` attribute sleep ``nap_s`` (0: return at once)."""
+
+    def __init__(self, env: gymnasium.Env, nap_s: float) -> None:
+        super().__init__(env)
+        self.nap_s = nap_s
+
+    def nap(self) -> float:
+        time.sleep(self.nap_s)
+        return self.nap_s
+
+    @property
+    def drowsy(self) -> float:
+        return self.nap()
+
+
+def napping(env_id: int, nap_s: float) -> gymnasium.Env:
+    return NappingEnv(CountingEnv(env_id=env_id, episode_length=50), nap_s)
+
+
+@pytest.mark.parametrize("ask", ["call", "get_attr", "handle"])
+def test_ray_sub_env_calls_time_out_as_steps_do(ask):
+    """A hung call, get_attr or sub-env handle call waited forever (step_timeout_s held
+    for steps only); now it raises the RemoteTimeoutError a missed step raises, naming
+    the actor, and the hung actor is treated as dead: replaced at the next step."""
+    # A deadline far above a loaded machine's answer times, and a nap far above it.
+    fns = [functools.partial(napping, i, 60.0 if i == 2 else 0.0) for i in range(4)]
+    config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1, step_timeout_s=10.0)
+    asks = {
+        "call": lambda vec: vec.call("nap"),
+        "get_attr": lambda vec: vec.get_attr("drowsy"),
+        "handle": lambda vec: vec.get_sub_environments()[2].call("nap"),
+    }
+    with closing(jr.RayVectorEnv(fns, config, restart_policy=jr.RestartPolicy())) as vec:
+        vec.reset_batch([0, 1, 2, 3])
+        assert vec.get_sub_environments()[1].call("nap") == 0.0  # the fast ones answer
+        method = "call" if ask == "handle" else ask
+        match = (
+            r"Ray env actor 1 \(sub-envs 2\.\.3\) did not answer "
+            rf"{method}\(\) within step_timeout_s=10\.0s; it is treated as dead"
+        )
+        start = time.monotonic()
+        with pytest.raises(jr.errors.RemoteTimeoutError, match=match) as caught:
+            asks[ask](vec)
+        assert time.monotonic() - start < 40.0  # (the nap is 60 s)
+        assert (caught.value.worker_index, caught.value.env_indices) == (1, range(2, 4))
+        out = vec.step_batch(np.zeros(4, np.int64))  # actor 1 is replaced, its slots fail
+        assert vec.num_actor_restarts == 1 and out.failed.tolist() == [0, 0, 1, 1]
+
+
 def _seen(err: BaseException) -> tuple[Any, ...]:
     """A sub-env error as its catcher sees it, less the note naming the Ray actor."""
     notes = [n for n in getattr(err, "__notes__", []) if "raised in Ray env actor" not in n]
@@ -774,6 +826,33 @@ def test_group_that_gives_up_raises_the_samples_that_came_and_marks_the_runner_d
     group.close()  # as a runner's: stop(), once more a no-op
     with pytest.raises(jr.errors.ClosedError):
         group.sample()
+
+
+class MetricsRefusingWorker(RunnerWorker):
+    """A group's runner whose first incarnation of runner 1 raises in get_metrics()."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.refuses = args[5:7] == (1, 0)  # (index, incarnation)
+
+    def get_metrics(self) -> dict[str, Any]:
+        if self.refuses:
+            raise ValueError("the metrics broke on purpose")
+        return super().get_metrics()
+
+
+def test_group_runner_whose_get_metrics_raises_is_replaced_as_in_sample(group_params, monkeypatch):
+    """As sample() treats a runner that raises: left out, replaced, its failure recorded
+    (Ray's RayTaskError escaped get_metrics(), and the runner stayed up)."""
+    monkeypatch.setattr(group_module, "RunnerWorker", MetricsRefusingWorker)
+    config = small_group_config(num_runners=2, max_restarts=1)
+    with jr.EnvRunnerGroup("CartPole-v1", POLICY, group_params[0], config) as group:
+        metrics = group.get_metrics()
+        assert list(metrics["runners"]) == [0] and metrics["num_runner_restarts"] == 1
+        (failure,) = metrics["runner_failures"][1]
+        assert "get_metrics() failed" in failure and "broke on purpose" in failure
+        group.wait_until_healthy(120.0)
+        assert sorted(group.get_metrics()["runners"]) == [0, 1]  # the new runner 1 answers
 
 
 def test_a_stopped_group_reports_no_runner_up_and_restarts_none(group_params):

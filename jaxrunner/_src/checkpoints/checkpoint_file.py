@@ -16,6 +16,7 @@ from jaxrunner._src.core.agent_groups import DEFAULT_POLICY_ID
 from jaxrunner._src.core.npz_file import NpzReader
 from jaxrunner._src.core.runner_state import RunnerParts
 from jaxrunner._src.samplers.info_arrays import is_recorder_state
+from jaxrunner._src.samplers.policy_step import ActorState
 
 FORMAT = "jaxrunner checkpoint"
 VERSION = 4
@@ -202,6 +203,11 @@ class CheckpointFile(KeptEpisodeReader):
             # episode_begin is checked likewise); a longer one records steps past them.
             ok = ((step >= 0) & (step <= steps_done)).all()
             self.require(ok, f"{where}/episode_step", f"outside [0, {steps_done}]")
+            # Each policy row's step count seeds its action keys: none took more steps
+            # than every env (JaxMARL-style agents act on their turns only: fewer).
+            for name, env_steps in _actor_env_steps(rollout.actor).items():
+                ok = ((env_steps >= 0) & (env_steps <= steps_done)).all()
+                self.require(ok, f"{where}/{name}", f"outside [0, {steps_done}]")
             returns_name, lengths_name = "return", "length"
             running = {
                 f"sampler/running/{pid}/": (r["return"], r["length"])
@@ -226,3 +232,12 @@ class CheckpointFile(KeptEpisodeReader):
             self.require(ok, name + lengths_name, f"outside [0, {steps_done}]")
             self.require(np.isfinite(returns).all(), name + returns_name, "not finite")
         return ids, next_id, steps_done
+
+
+def _actor_env_steps(actor: Any) -> dict[str, Any]:
+    """The scan sampler's per-row step counts by their name in the checkpoint: a one-agent
+    env's ``actor/env_steps``, a JaxMARL-style env's ``actor/actors/<policy id>/env_steps``."""
+    if isinstance(actor, ActorState):
+        return {"actor/env_steps": np.asarray(actor.env_steps)}
+    actors = actor["actors"].items()
+    return {f"actor/actors/{pid}/env_steps": np.asarray(a.env_steps) for pid, a in actors}

@@ -5,6 +5,7 @@ docs/evaluation-and-datasets.md."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -129,8 +130,10 @@ def evaluate(
             when the observation connectors keep statistics: fresh ones would evaluate on
             unnormalized observations.
         max_env_steps: the most env steps (all envs together, checked after each inner
-            ``sample()``) before giving up; None: no limit, so envs whose episodes never
-            end (no time limit) would run forever.
+            ``sample()``) before giving up: transitions and failed steps, as the runner's
+            ``num_env_steps`` and ``num_dropped_steps`` count them (EnvPool's reset steps
+            are neither); None: no limit, so envs whose episodes never end (no time
+            limit) would run forever.
 
     Returns:
         An :class:`EvaluationResult`.
@@ -168,9 +171,9 @@ def evaluate(
                 raise
             runner.set_connector_state(runner.from_policy_dict(frozen))
         agents = list(envs.possible_agents) if runner.multi_agent else []
-        per_sample = rollout_length * envs.num_envs
         ends = _episode_ends(runner, agents)
-        return _first_episodes(ends, envs.num_envs, num_episodes, agents, per_sample, max_env_steps)
+        steps = functools.partial(_env_steps_taken, runner)
+        return _first_episodes(ends, envs.num_envs, num_episodes, agents, steps, max_env_steps)
     finally:  # the caller's envs stay open, free for the next evaluation
         runner.stop(close_envs=False)
 
@@ -231,17 +234,17 @@ def _first_episodes(
     num_envs: int,
     num_episodes: int,
     agents: list[str],
-    per_sample: int,
+    steps_taken: Callable[[], int],
     max_env_steps: int | None,
 ) -> EvaluationResult:
     """Each env's first episodes, an equal share of ``num_episodes``, from ``next_ends``
-    (the episodes the next sample ends, in the order they ran; each sample ``per_sample``
-    env steps); past ``max_env_steps``, an :class:`EvaluationIncompleteError` holding
-    those that completed."""
+    (the episodes the next sample ends, in the order they ran); once ``steps_taken()``
+    (the env steps so far) reaches ``max_env_steps``, an :class:`EvaluationIncompleteError`
+    holding those that completed."""
     share = [num_episodes // num_envs + (i < num_episodes % num_envs) for i in range(num_envs)]
     kept: list[list[_Ended]] = [[] for _ in range(num_envs)]
-    taken = 0
     while missing := sum(want - len(got) for want, got in zip(share, kept)):
+        taken = steps_taken()
         if max_env_steps is not None and taken >= max_env_steps:
             short = [i for i, (want, got) in enumerate(zip(share, kept)) if len(got) < want]
             err = EvaluationIncompleteError(
@@ -256,8 +259,15 @@ def _first_episodes(
         for ended in next_ends():
             if len(kept[ended[0]]) < share[ended[0]]:
                 kept[ended[0]].append(ended)
-        taken += per_sample
     return _result(kept, agents)
+
+
+def _env_steps_taken(runner: EnvRunner) -> int:
+    """The env steps ``runner`` took: its transitions and its failed (restarted) steps,
+    not the slots where an env stepped no transition (EnvPool's reset steps)."""
+    metrics = runner.get_metrics()
+    # Failed steps count: an env that fails every step still reaches max_env_steps.
+    return int(metrics["num_env_steps"]) + int(metrics["num_dropped_steps"])
 
 
 def _result(kept: list[list[_Ended]], agents: list[str]) -> EvaluationResult:

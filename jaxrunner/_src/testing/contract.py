@@ -41,7 +41,8 @@ class VectorEnvContract(SubEnvAccessContract, SteppingContract, GymnasiumVectorA
 
     * ``reset_batch(seeds)`` resets sub-env ``i`` with ``seeds[i]``;
     * step for step equal to the envs stepped by hand: who acts on what, completed
-      transitions (next observation, reward, flags), SAME_STEP autoreset, the infos; no
+      transitions (next observation, reward, flags), the env's reward and the rewards
+      no transition carries (``unassigned_reward``), SAME_STEP autoreset, the infos; no
       ``errors`` where nothing failed, and ``reset_rows`` only where the backend declares
       ``capabilities.reset_steps``;
     * ``send``/``recv``: each env steps once per send, ``env_ids`` says which rows are

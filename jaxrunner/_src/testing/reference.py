@@ -49,6 +49,9 @@ class ExpectedRow:
     infos: Any
     reset_info: Any = None
     """The info of the SAME_STEP autoreset where ``done`` (gymnasium envs; None else)."""
+    unassigned_reward: float = 0.0
+    """Where ``done``: the rewards no transition carries (an agent's that never acted, or
+    that came after its final transition), as ``MultiAgentStep.unassigned_reward``."""
 
 
 class GymnasiumByHand:
@@ -113,9 +116,10 @@ class ParallelByHand:
         ended = {agent for agent in obs if terms.get(agent, False) or truncs.get(agent, False)}
         self.acting = {agent: o for agent, o in obs.items() if agent not in ended}
         done = not self.acting
+        unassigned = sum(self.pending.values(), 0.0) if done else 0.0  # (reset forgets them)
         if done:
             self.reset(None)  # SAME_STEP autoreset, unseeded
-        return ExpectedRow(completed, done, sum(rewards.values(), 0.0), infos)
+        return ExpectedRow(completed, done, sum(rewards.values(), 0.0), infos, None, unassigned)
 
 
 class AECByHand:
@@ -173,14 +177,17 @@ class AECByHand:
         env_reward += self._settle(completed)
         infos = {**self.final_infos, **env.infos}
         done = not env.agents
+        unassigned = 0.0
         if done:
             if self.waiting:  # not in the contract envs: no reference for it
                 raise AssertionError(
                     f"the reference cannot step an env that removes agents {self.waiting} "
                     "without their dead step"
                 )
+            # What agents that never acted received: no transition of theirs carries it.
+            unassigned = sum(self.before_first.values(), 0.0)
             self.reset(None)
-        return ExpectedRow(completed, done, env_reward, infos)
+        return ExpectedRow(completed, done, env_reward, infos, None, unassigned)
 
 
 ByHand = GymnasiumByHand | ParallelByHand | AECByHand

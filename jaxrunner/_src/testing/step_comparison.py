@@ -92,6 +92,7 @@ def _agent_row(vec: Any, out: MultiAgentStep, b: int) -> Row:
     done, env_reward = bool(out.env_done[b]), float(out.env_reward[b])
     row = Row({}, done, env_reward, out.infos[b], acting={}, starts={}, slots={})
     row.failed = out.failed is not None and bool(out.failed[b])
+    row.unassigned_reward = float(out.unassigned_reward[b])
     for group in vec.groups:
         buf = out.groups[group.policy_id]
         for a, agent in enumerate(group.agents):
@@ -143,6 +144,12 @@ def assert_row(row: Row, expected: ExpectedRow, ref: ByHand, where: str) -> None
     if not _close(row.env_reward, expected.env_reward, ref.reward_atol):
         raise AssertionError(
             f"{where}: env_reward {row.env_reward!r}, by hand {expected.env_reward!r}"
+        )
+    if not _close(row.unassigned_reward, expected.unassigned_reward, ref.reward_atol):
+        raise AssertionError(
+            f"{where}: unassigned_reward {row.unassigned_reward!r}, by hand "
+            f"{expected.unassigned_reward!r} (rewards no transition carries, where the env's "
+            "episode ends: MultiAgentStep.unassigned_reward)"
         )
     assert_trees_equal(row.infos, expected.infos, f"{where}: infos")
     assert_trees_equal(row.reset_info, expected.reset_info, f"{where}: reset info")

@@ -46,7 +46,8 @@ class RayConfig:
     fixed-size chunks whatever the batch (batch invariance)."""
     step_timeout_s: float | None = None
     """An actor whose step has not answered after this long is treated as dead (killed,
-    and replaced if restarts are on). None: wait forever."""
+    and replaced if restarts are on); so is one whose ``call``, ``get_attr``, ``set_attr``
+    or ``render`` has not (killed, a RemoteTimeoutError). None: wait forever."""
     actor_start_timeout_s: float = 120.0
     """How long to wait for a new actor to start and reset its sub-envs (the cluster may
     lack the resources to place it)."""

@@ -63,13 +63,7 @@ class InFlightSteps:
         expired = [ref for ref, (_, _, _, sent) in self._steps.items() if now - sent >= timeout]
         for ref in expired:
             u, rows, call = self.pop(ref)
-            error = RemoteTimeoutError(
-                f"Ray env actor {u} (sub-envs {rows.start}..{rows.stop - 1}) did not "
-                f"answer a step within step_timeout_s={timeout}s; it is treated as dead."
-            )
-            # As a WorkerError's: who timed out, for callers that handle it.
-            error.worker_index, error.env_indices = u, range(rows.start, rows.stop)
-            yield ref, u, rows, call, error
+            yield ref, u, rows, call, missed_deadline(u, rows, timeout, "a step")
 
     def discard(self) -> None:
         """Waits for the steps in flight (each up to the timeout) and forgets them,
@@ -79,3 +73,17 @@ class InFlightSteps:
             with contextlib.suppress(Exception):
                 self.ray.get(ref, timeout=self.timeout_s)
         self.clear()
+
+
+def missed_deadline(
+    u: int, rows: slice, timeout: float | None, what: str, then: str = ""
+) -> RemoteTimeoutError:
+    """The error of env actor ``u`` (sub-envs ``rows``) that did not answer ``what``
+    within ``step_timeout_s=timeout``; ``then``: what follows, and how to avoid it."""
+    error = RemoteTimeoutError(
+        f"Ray env actor {u} (sub-envs {rows.start}..{rows.stop - 1}) did not answer {what} "
+        f"within step_timeout_s={timeout}s; it is treated as dead{then}."
+    )
+    # As a WorkerError's: who timed out, for callers that handle it.
+    error.worker_index, error.env_indices = u, range(rows.start, rows.stop)
+    return error

@@ -143,15 +143,10 @@ class EnvRunnerGroup:
             self._statistics = _merged(self._statistics, deltas)
         self.num_env_steps_sampled += sum(a[2] for a in answered)
         traj = (concatenate_envs(results) if concat else results) if results else None
-        gave_up: list[RunnerFailedError] = []
-        for slot, why in failed:
-            try:
-                self._restart(slot, why)
-            except RunnerFailedError as err:  # max_restarts used: the samples go with it
-                err.partial_trajectory = traj
-                gave_up.append(err)
-        if gave_up:
-            raise gave_up[0]
+        gave_up = self._restart_failed(failed)
+        if gave_up is not None:  # max_restarts used: the samples go with it
+            gave_up.partial_trajectory = traj
+            raise gave_up
         if traj is None:
             raise RunnerFailedError(
                 f"EnvRunnerGroup.sample(): none of the runners {[s.index for s in slots]} returned "
@@ -216,16 +211,18 @@ class EnvRunnerGroup:
         unassigned reward too), means over runners (episode return and length, perf
         timers), and the group's own: runners up, restarts, params versions, and each
         runner's metrics under ``runners``. A runner's counters
-        start again from 0 when it is replaced; ``num_env_steps_sampled`` does not."""
+        start again from 0 when it is replaced; ``num_env_steps_sampled`` does not. A
+        runner that dies, raises or misses ``sample_timeout_s`` is left out and replaced,
+        as :meth:`sample` does (``RunnerFailedError`` once ``max_restarts`` are used)."""
         self._check_open("get_metrics")
         calls = [(s, s.actor.get_metrics.remote()) for s in self._healthy_slots(block=False)]
-        per_runner: dict[int, dict[str, Any]] = {}
-        errors = self._ray.exceptions.RayActorError
-        for slot, metrics, why in self._answers(calls, "get_metrics", errors):
-            if why is None:
-                per_runner[slot.index] = metrics
-            else:
-                self._restart(slot, why)
+        # RayError: a runner's own error too (RayTaskError), as sample() takes it.
+        answers = list(self._answers(calls, "get_metrics", self._ray.exceptions.RayError))
+        failed = [(slot, why) for slot, _, why in answers if why is not None]
+        per_runner = {slot.index: metrics for slot, metrics, why in answers if why is None}
+        gave_up = self._restart_failed(failed)
+        if gave_up is not None:
+            raise gave_up
         return aggregate_metrics(per_runner) | {
             "num_runners": self.config.num_runners,
             "num_healthy_runners": len(self.healthy_runners),
@@ -318,6 +315,17 @@ class EnvRunnerGroup:
             )
         self.num_restarts += 1
         self._slots[slot.index] = self._start(slot.index, slot.incarnation + 1, slot.failures)
+
+    def _restart_failed(self, failed: list[tuple[_Slot, str]]) -> RunnerFailedError | None:
+        """Replaces each failed runner, or gives it up (``max_restarts`` used); returns
+        the first give-up, raised by the caller once every runner is handled."""
+        gave_up = None
+        for slot, why in failed:
+            try:
+                self._restart(slot, why)
+            except RunnerFailedError as err:
+                gave_up = gave_up or err
+        return gave_up
 
     def _poll_restored(self) -> None:
         """Marks runners whose start finished as healthy (restarting those that failed)."""
