@@ -134,7 +134,11 @@ def measure_width(
         length = timing.rollout_length(num_envs, steps_per_rollout(workload))
     common = {"backend": plan.backend, "env": env, "num_envs": num_envs, "seed": seed}
     common.update(rollout_length=length, multi_agent=plan.multi_agent, workload=workload)
-    builds: dict[str, tuple[Child, Spec]] = {
+    builds: dict[str, tuple[Child, Spec]] = {}
+    if auto:  # built first in its child: its trial runs with no other runner's envs alive
+        spec = Spec(system="jaxrunner", **{**common, "backend": "auto"})
+        builds["jaxrunner_auto"] = (harness.defaults, spec)
+    builds |= {
         "jaxrunner": (harness.defaults, Spec(system="jaxrunner", **common)),
         "hand": (harness.jax_defaults, Spec(system="hand", reference=plan.reference, **common)),
     }
@@ -147,9 +151,6 @@ def measure_width(
     for name, env_kwargs in (variants or {}).items():
         spec = Spec(system="jaxrunner", env_kwargs=env_kwargs, **common)
         builds[f"jaxrunner_{name}"] = (harness.defaults, spec)
-    if auto:
-        spec = Spec(system="jaxrunner", **{**common, "backend": "auto"})
-        builds["jaxrunner_auto"] = (harness.defaults, spec)
     row: dict[str, Any] = {
         "backend": plan.backend,
         "num_envs": num_envs,

@@ -35,9 +35,11 @@ CLOSE = 1.10
 """Where the fastest process layout and sync are within this factor after
 :data:`TRIAL_ROUNDS`, as many rounds again are timed."""
 TRIAL_SAMPLE_S = 0.1
-"""The env work one timed sample aims at (from the probe's step time), in seconds."""
+"""The env work one timing aims at (from the probe's step time), in seconds."""
 TRIAL_STEPS = (4, 128)
-"""The fewest and most steps per env of a timed sample."""
+"""The fewest and most steps per env of a timing: whole samples of the user's
+``rollout_length`` (at least one; at most the largest), since a sample's own costs,
+and how far async mode's envs run ahead, depend on it."""
 SYNC_TIE = 1.05
 """Workers must beat sync by this factor to be chosen: on a near tie the simpler
 layout, with no processes to start, wins (and among workers, the fewer)."""
@@ -132,8 +134,8 @@ def from_env(
             envpool = not multi_agent and envpool_has(env, env_kwargs, restart_policy)
             if choice.backend == "process" or envpool:  # either kind of env: sync or workers
                 choice = _trial(
-                    runner_cls, choice, build, env, num_envs, policy, params, seed,
-                    runner_options, envpool,
+                    runner_cls, choice, build, env, num_envs, policy, params,
+                    rollout_length, seed, runner_options, envpool,
                 )  # fmt: skip
         backend, config = choice.backend, choice.process_config()
     envs = build(backend, config, **dict(choice.envpool_options if choice else ()))
@@ -164,6 +166,7 @@ def _trial(
     num_envs: int,
     policy: Policy | Mapping[str, Policy],
     params: Params,
+    rollout_length: int,
     seed: int,
     runner_options: dict[str, Any],
     envpool: bool = False,
@@ -173,7 +176,9 @@ def _trial(
     returns the fastest (:func:`pick_layout`). A layout other than sync that fails is
     dropped, with a warning; a failure of sync is the env's, and raises."""
     work_us = rule.env_step_us * num_envs
-    length = int(min(max(TRIAL_SAMPLE_S * 1e6 // work_us, TRIAL_STEPS[0]), TRIAL_STEPS[1]))
+    steps = int(min(max(TRIAL_SAMPLE_S * 1e6 // work_us, TRIAL_STEPS[0]), TRIAL_STEPS[1]))
+    length = min(rollout_length, TRIAL_STEPS[1])  # (longer: their costs are spread thin)
+    samples = max(1, round(steps / length))  # per timing
     options = {k: v for k, v in runner_options.items() if k in TRIAL_OPTIONS}
     runners: dict[int | str, Any] = {}
     failed: dict[int | str, Exception] = {}
@@ -182,14 +187,16 @@ def _trial(
         keys += [ENVPOOL, *envpool_variants(num_envs, rule.cpus)]
 
     def timed_sample(key: int | str) -> float:
-        """Seconds per valid transition of one sample of ``key``'s runner."""
+        """Seconds per valid transition of ``samples`` samples of ``key``'s runner."""
         start = time.perf_counter()
         try:
             if key in PAIRED:  # its envs then start where they would in a run of samples
                 runners[key].sample()
                 start = time.perf_counter()
-            traj = runners[key].sample()
-            return (time.perf_counter() - start) / max(1, int(np.count_nonzero(traj.valid)))
+            valid = 0
+            for _ in range(samples):
+                valid += int(np.count_nonzero(runners[key].sample().valid))
+            return (time.perf_counter() - start) / max(1, valid)
         except Exception as err:
             if key == 0:
                 err.add_note(
