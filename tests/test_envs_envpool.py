@@ -584,7 +584,8 @@ def test_from_env_times_envpool_async_on_the_second_of_two_samples(monkeypatch) 
     env = gymnasium.make("CartPole-v1")
     policy = jr.models.mlp_policy(env.action_space)
     params = policy.init(jax.random.key(0), env.observation_space)
-    with jr.EnvRunner.from_env("CartPole-v1", 4, policy, params, 8, SEED):
+    # T = 128, the trial's most steps per timing: one sample per timing (two, paired).
+    with jr.EnvRunner.from_env("CartPole-v1", 4, policy, params, 128, SEED):
         pass
     single = {len(c) for c in calls.values() if not c[0]}
     paired = [len(c) for c in calls.values() if c[0]]

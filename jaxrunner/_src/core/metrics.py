@@ -129,7 +129,7 @@ def finite_mean(values: collections.deque) -> float:
     max: ``np.mean`` gives inf and warns)."""
     with np.errstate(over="ignore"):
         mean = np.mean(values)
-    return mean if np.isfinite(mean) else np.sum(np.asarray(values) / len(values))
+    return float(mean if np.isfinite(mean) else np.sum(np.asarray(values) / len(values)))
 
 
 class RunnerMetrics:
