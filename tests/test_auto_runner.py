@@ -26,6 +26,7 @@ from jaxrunner._src.runner.auto_layout import (
     trial_workers,
 )
 from jaxrunner.errors import ClosedError, InvalidArgumentError, InvalidArgumentTypeError
+from jaxrunner.multi_agent import AgentCallbacks
 from jaxrunner.testing import FaultPlan, assert_trees_equal
 
 ATARI_US = 1000.0  # per sub-env step: enough work for the rule to want workers
@@ -224,6 +225,24 @@ def test_the_trial_times_envpool_on_one_thread_and_async_where_they_differ():
     assert envpool_options("envpool_async", 64, 2) == {"batch_size": 32, "num_threads": 1}
     assert envpool_options("envpool_async", 64, 16) == {"batch_size": 32, "num_threads": 15}
     assert envpool_options("envpool_async", 8, 16) == {"batch_size": 4, "num_threads": 4}
+
+
+def test_the_trial_times_envpool_async_only_where_it_can_be_built_and_run():
+    # EnvPool's async mode answers whole batches: 5 envs cannot go in batches of 2 (it
+    # was timed, refused by make_vec, and warned about as a failed layout).
+    assert envpool_variants(5, 4) == envpool_variants(7, 16) == ["envpool_one_thread"]
+    assert envpool_variants(3, 4) == ["envpool_one_thread", "envpool_async"]  # batches of 1
+    for num_envs in range(2, 40):
+        if "envpool_async" in envpool_variants(num_envs, 4):
+            batch = envpool_options("envpool_async", num_envs, 4)["batch_size"]
+            assert 1 <= batch < num_envs and num_envs % batch == 0
+    # Its ready-first loop refuses per-step callbacks and num_splits, which the trial's
+    # runners leave out: chosen, the runner built with them would raise.
+    assert envpool_variants(64, 2, ready_first=False) == ["envpool_one_thread"]
+    assert auto_layout.takes_loop_options(None, None) and auto_layout.takes_loop_options(None, 1)
+    assert auto_layout.takes_loop_options(AgentCallbacks(), None)  # no per-step hook
+    assert not auto_layout.takes_loop_options(jr.Callbacks(), None)
+    assert not auto_layout.takes_loop_options(None, 2)
 
 
 def test_pick_layout_keeps_envpool_async_past_the_tie_and_says_so():

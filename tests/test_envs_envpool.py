@@ -8,6 +8,7 @@ seeding semantics.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from contextlib import closing
 
@@ -566,11 +567,80 @@ def test_from_env_tries_envpool_and_builds_what_it_chose(monkeypatch, winner) ->
         assert_trees_equal(got, ref.sample(), f"from_env(auto -> {backend}) vs by hand")
 
 
+@pytest.mark.parametrize("num_envs, with_callbacks", [(4, True), (5, False)])
+def test_from_env_times_envpool_async_only_where_it_builds_and_runs(
+    monkeypatch, num_envs: int, with_callbacks: bool
+) -> None:
+    """Async mode's ready-first loop refuses per-step callbacks, which the trial's
+    runners leave out (chosen, the runner built with them raised), and EnvPool answers
+    whole batches (5 envs in batches of 2 failed to build, warned of as a failed
+    layout): from_env times async mode only where it can build and run it."""
+    from jaxrunner._src.backends import auto
+    from jaxrunner._src.runner import auto_layout
+
+    tried: list[set] = []
+    real_pick = auto_layout.pick_layout
+
+    def rigged(rule, rates, *, policy_step_us):  # async wins wherever it was timed
+        tried.append(set(rates))
+        won = {"envpool_async": 1e12} if "envpool_async" in rates else {}
+        return real_pick(rule, {**rates, **won}, policy_step_us=policy_step_us)
+
+    monkeypatch.setattr(auto_layout, "pick_layout", rigged)
+    monkeypatch.setattr(auto, "available_cpus", lambda: 4)  # the variants are timed
+    ends: list[int] = []
+
+    class Count(jr.Callbacks):
+        def on_episode_end(self, runner, env_index, episode):
+            ends.append(env_index)
+
+    env = gymnasium.make("CartPole-v1")
+    policy = jr.models.mlp_policy(env.action_space)
+    params = policy.init(jax.random.key(0), env.observation_space)
+    callbacks = Count() if with_callbacks else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no layout of the trial failed
+        runner = jr.EnvRunner.from_env("CartPole-v1", num_envs, policy, params, 8, SEED, callbacks)
+    with runner:
+        for _ in range(20):
+            runner.sample()
+    assert tried == [{0, "envpool", "envpool_one_thread"}]
+    assert bool(ends) == with_callbacks  # the runner's callbacks ran
+
+
+def test_from_env_times_envpool_where_the_probe_measured_nothing(monkeypatch) -> None:
+    """A probe past its deadline leaves the env step's cost unmeasured (NaN): the trial
+    of EnvPool then raised ValueError (NaN steps per timing); it times the fewest."""
+    import time
+
+    from jaxrunner._src.backends import auto
+
+    def slow(probe, seed, **_):  # a first reset past the probe's deadline
+        time.sleep(1.0)
+        return 5.0
+
+    monkeypatch.setattr(auto, "measure_env_step_us", slow)
+    monkeypatch.setattr(auto, "PROBE_DEADLINE_S", 0.05)
+    env = gymnasium.make("CartPole-v1")
+    policy = jr.models.mlp_policy(env.action_space)
+    params = policy.init(jax.random.key(0), env.observation_space)
+    with pytest.warns(RuntimeWarning, match="falls back to"):
+        runner = jr.EnvRunner.from_env("CartPole-v1", 4, policy, params, 2, SEED)
+    with runner:
+        choice = runner.envs.layout_choice
+        assert choice is not None and np.isnan(choice.env_step_us)
+        assert choice.tried and choice.tried_envpool is not None  # the trial ran
+        assert runner.sample().reward.shape == (2, 4)
+
+
 def test_from_env_times_envpool_async_on_the_second_of_two_samples(monkeypatch) -> None:
     """A ready-first sample's envs run into the next one: the trial times the async
-    pool's second sample of two in a row (a sample right after other layouts' starts
-    ahead), the others' single samples."""
+    pool's samples after an untimed one (a sample right after other layouts' starts
+    ahead), the others' samples alone; each timing is whole samples (here 2 of 8 steps)."""
     from jaxrunner._src.backends.envpool_async import EnvPoolAsyncVectorEnv
+    from jaxrunner._src.runner import auto_layout
+
+    monkeypatch.setattr(auto_layout, "TRIAL_STEPS", (16, 16))  # 2 samples of 8 per timing
 
     calls: dict[int, list[bool]] = {}  # runner -> on async envs, per sample
     real = jr.EnvRunner.sample
@@ -584,12 +654,12 @@ def test_from_env_times_envpool_async_on_the_second_of_two_samples(monkeypatch) 
     env = gymnasium.make("CartPole-v1")
     policy = jr.models.mlp_policy(env.action_space)
     params = policy.init(jax.random.key(0), env.observation_space)
-    # T = 128, the trial's most steps per timing: one sample per timing (two, paired).
-    with jr.EnvRunner.from_env("CartPole-v1", 4, policy, params, 128, SEED):
+    with jr.EnvRunner.from_env("CartPole-v1", 4, policy, params, 8, SEED):
         pass
     single = {len(c) for c in calls.values() if not c[0]}
     paired = [len(c) for c in calls.values() if c[0]]
-    assert len(single) == 1 and paired == [2 * single.pop()]
+    (each,) = single  # each other layout's runner: 2 samples per timing
+    assert each % 2 == 0 and paired == [each // 2 * 3]  # async: 1 untimed + 2 per timing
 
 
 def test_auto_builds_an_id_only_envpool_has_on_envpool_with_its_kwargs() -> None:

@@ -25,12 +25,13 @@ from jaxrunner._src.backends.ray import RayConfig
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.core.agent_groups import PolicyMappingFn
 from jaxrunner._src.core.policy import Params, Policy
+from jaxrunner._src.runner.env_runner_checks import takes_loop_options
 from jaxrunner._src.samplers.callbacks import Callbacks
 from jaxrunner.errors import InvalidArgumentError
 
 TRIAL_ROUNDS = 5
-"""Timed samples per candidate, interleaved, after a warm-up; each one's fastest counts
-(other work slows samples, never speeds them up: docs/backends/index.md)."""
+"""Timings (:data:`TRIAL_STEPS`) per candidate, interleaved, after a warm-up; each one's
+fastest counts (other work slows samples, never speeds them up: docs/backends/index.md)."""
 CLOSE = 1.10
 """Where the fastest process layout and sync are within this factor after
 :data:`TRIAL_ROUNDS`, as many rounds again are timed."""
@@ -176,7 +177,7 @@ def _trial(
     returns the fastest (:func:`pick_layout`). A layout other than sync that fails is
     dropped, with a warning; a failure of sync is the env's, and raises."""
     work_us = rule.env_step_us * num_envs
-    steps = int(min(max(TRIAL_SAMPLE_S * 1e6 // work_us, TRIAL_STEPS[0]), TRIAL_STEPS[1]))
+    steps = int(np.clip(np.nan_to_num(TRIAL_SAMPLE_S * 1e6 // work_us), *TRIAL_STEPS))  # NaN: 4
     length = min(rollout_length, TRIAL_STEPS[1])  # (longer: their costs are spread thin)
     samples = max(1, round(steps / length))  # per timing
     options = {k: v for k, v in runner_options.items() if k in TRIAL_OPTIONS}
@@ -184,7 +185,8 @@ def _trial(
     failed: dict[int | str, Exception] = {}
     keys: list[int | str] = [*trial_workers(rule)] if rule.backend == "process" else [0]
     if envpool:
-        keys += [ENVPOOL, *envpool_variants(num_envs, rule.cpus)]
+        ready_first = takes_loop_options(runner_options.get("callbacks"), options.get("num_splits"))
+        keys += [ENVPOOL, *envpool_variants(num_envs, rule.cpus, ready_first)]
 
     def timed_sample(key: int | str) -> float:
         """Seconds per valid transition of ``samples`` samples of ``key``'s runner."""
@@ -265,10 +267,13 @@ def _trial(
     return choice
 
 
-def envpool_variants(num_envs: int, cpus: int) -> list[str]:
+def envpool_variants(num_envs: int, cpus: int, ready_first: bool = True) -> list[str]:
     """The :data:`ENVPOOL_VARIANTS` a trial times, where there are 2 CPUs and 2 envs or
-    more (EnvPool's own count is then more than one thread, and async mode can overlap)."""
-    return list(ENVPOOL_VARIANTS) if min(num_envs, cpus) > 1 else []
+    more (EnvPool's own count is then more than one thread, and async mode can overlap);
+    async mode where its batches divide the envs and the runner takes ``ready_first``."""
+    batch = envpool_options("envpool_async", num_envs, cpus)["batch_size"]
+    skip = () if ready_first and num_envs % batch == 0 else ("envpool_async",)
+    return [k for k in ENVPOOL_VARIANTS if k not in skip] if min(num_envs, cpus) > 1 else []
 
 
 def envpool_options(key: str, num_envs: int, cpus: int) -> dict[str, Any]:
@@ -365,7 +370,7 @@ def pick_layout(
     order = sorted(rates, key=lambda key: (pools.index(key) + 1 if key in pools else 0, key))
     tried = ", ".join(f"{_label(key)} {rates[key]:,.0f}" for key in order)
     backend = ENVPOOL if best in pools else "process" if best else "sync"
-    variant = best in ENVPOOL_VARIANTS
+    chosen = envpool_options(str(best), rule.num_envs, rule.cpus)  # {} but for a variant
     return dataclasses.replace(
         rule,
         backend=backend,
@@ -374,9 +379,7 @@ def pick_layout(
         tried=tuple((int(key), rates[key]) for key in order if key not in pools),
         tried_envpool=rates.get(ENVPOOL),
         policy_step_us=policy_step_us,
-        envpool_options=tuple(envpool_options(str(best), rule.num_envs, rule.cpus).items())
-        if variant
-        else (),
+        envpool_options=tuple(chosen.items()),
         tried_envpool_variants=tuple(
             (str(key).removeprefix("envpool_"), rates[key])
             for key in order
@@ -392,7 +395,6 @@ def _processes(key: int | str) -> int:
 
 def _label(key: int | str) -> str:
     if key == ENVPOOL or key in ENVPOOL_VARIANTS:
-        return {"envpool_one_thread": "envpool on 1 thread", "envpool_async": "envpool async"}.get(
-            str(key), ENVPOOL
-        )
+        names = {"envpool_one_thread": "envpool on 1 thread", "envpool_async": "envpool async"}
+        return names.get(str(key), ENVPOOL)
     return "sync" if key == 0 else f"{key} worker{'s' if int(key) > 1 else ''}"

@@ -171,13 +171,24 @@ def check_host_options(
     return info_keys
 
 
+def takes_loop_options(callbacks: Any, num_splits: Any) -> bool:
+    """Whether :func:`check_loop_options` takes ``callbacks`` and ``num_splits``: a
+    ready-first backend (or a pure-JAX env's scan) can run with them."""
+    return not _runs_step_hooks(callbacks) and num_splits in (None, 1)
+
+
+def _runs_step_hooks(callbacks: Any) -> bool:
+    """Whether ``callbacks`` may run per step (a ``Callbacks``, or a step hook overridden)."""
+    return callbacks is not None and (
+        not isinstance(callbacks, AgentCallbacks)
+        or any(overrides(callbacks, hook) for hook in STEP_HOOKS)
+    )
+
+
 def check_loop_options(kind: Any, callbacks: Any, num_splits: Any, loop: str, fix: str) -> None:
     """Refuses what ``loop`` (a ready-first backend, or a pure-JAX env's scan) cannot
     honour: pipelining splits and per-step callbacks (``fix``: where those run)."""
-    if callbacks is not None and (
-        not isinstance(callbacks, AgentCallbacks)
-        or any(overrides(callbacks, hook) for hook in STEP_HOOKS)
-    ):
+    if _runs_step_hooks(callbacks):
         after = "it runs after each sample()"
         raise InvalidArgumentError(
             f"EnvRunner(callbacks=...): the per-step hooks ({', '.join(STEP_HOOKS)}) cannot "
