@@ -278,7 +278,7 @@ def envpool_variants(num_envs: int, cpus: int, ready_first: bool = True) -> list
 
 def envpool_options(key: str, num_envs: int, cpus: int) -> dict[str, Any]:
     """``make_vec``'s options for EnvPool variant ``key`` (:data:`ENVPOOL`: none) on
-    ``cpus`` CPUs: async mode answers half the envs per ``recv``."""
+    ``cpus`` CPUs: async mode answers ``num_envs // 2`` envs per ``recv``."""
     if key == "envpool_one_thread":
         return {"num_threads": 1}
     if key == "envpool_async":
