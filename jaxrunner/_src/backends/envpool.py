@@ -77,7 +77,6 @@ class EnvPoolVectorEnv(NoSubEnvAccess, GymnasiumVectorEnv):
         super().__init__(pool, masked_reset=self._reset_masked, copy=copy)
         self._action_check = EnvPoolActions(task_id, self.single_action_space)
         self._obs_finite = finite_batch_test(self.single_observation_space)
-        self._no_reward = np.zeros_like(self._reward)
         self.keep_reset_steps = bool(keep_reset_steps)
         # Sub-envs whose episode ended in the last call, reset in the next (a new array
         # each call: a BatchStep keeps the last one as its reset rows).
@@ -209,7 +208,7 @@ class EnvPoolVectorEnv(NoSubEnvAccess, GymnasiumVectorEnv):
         if self._calls.direct:  # EnvPool's fresh arrays of its spec: values checked only
             reward = self._reward
             reward[:] = out.reward
-            if not surely_finite(reward, self._no_reward):
+            if not surely_finite(reward):
                 self._store_flags(out.reward, out.terminated, out.truncated)  # raises, naming it
             if self._obs_finite is not None and not self._obs_finite(out.obs):
                 check_finite_observations(space, out.obs, "step")

@@ -6,7 +6,6 @@ per-step path."""
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -233,18 +232,13 @@ def passing_batch_test(space: spaces.Space, lead: tuple[int, ...]) -> Callable[[
         starts, stops = space.start, space.start + space.nvec
         return lambda batch: fits(batch) and bool(((batch >= starts) & (batch < stops)).all())
     if kinds == "f":  # a float Box: finite too (NaN and inf refused)
-        zeros: dict[np.dtype, np.ndarray] = {}  # by dtype, one batch long
-        size = math.prod(full)
 
         def finite(batch: Any) -> bool:
             # fits(batch), inline; then one dot product with zeros (no finite value
             # overflows it), the exact test only where it is not finite
             if not (type(batch) is np.ndarray and batch.shape == full and batch.dtype.kind == "f"):
                 return False
-            zero = zeros.get(batch.dtype)
-            if zero is None:
-                zero = zeros[batch.dtype] = np.zeros(size, batch.dtype)
-            return surely_finite(batch.reshape(-1), zero) or bool(np.isfinite(batch).all())
+            return surely_finite(batch.reshape(-1)) or bool(np.isfinite(batch).all())
 
         return finite
     if not isinstance(space, spaces.Discrete):

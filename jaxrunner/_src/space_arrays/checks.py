@@ -180,12 +180,19 @@ def _float_leaves(space: spaces.Space, tree: Any, path: str) -> list[tuple[str, 
     return []  # not an array: nothing to check
 
 
-def surely_finite(flat: np.ndarray, zeros: np.ndarray) -> bool:
-    """True if the 1-d ``flat`` is surely finite: its dot product with ``zeros`` (as long)
-    is 0, or NaN where a value is not finite, and no finite value overflows it (a square
-    could: numpy warns, which may raise). False: maybe not (the exact check says which)."""
+_ZEROS: dict[np.dtype, np.ndarray] = {}
+"""Zeros by dtype, as long as the longest array :func:`surely_finite` was given yet."""
+
+
+def surely_finite(flat: np.ndarray) -> bool:
+    """True if the 1-d ``flat`` is surely finite: its dot product with zeros is 0, or NaN
+    where a value is not finite, and no finite value overflows it (a square could: numpy
+    warns, which may raise). False: maybe not (the exact check says which)."""
+    n, zeros = len(flat), _ZEROS.get(flat.dtype)
+    if zeros is None or len(zeros) < n:
+        zeros = _ZEROS[flat.dtype] = np.zeros(n, flat.dtype)
     try:
-        return math.isfinite(flat.dot(zeros))
+        return math.isfinite(flat.dot(zeros[:n]))
     except (RuntimeWarning, FloatingPointError):  # 0 * inf, where numpy's warnings are errors
         return False
 
@@ -197,15 +204,9 @@ def finite_batch_test(space: spaces.Space) -> Callable[[Any], bool] | None:
     overflow (a square of theirs could: numpy warns, which may raise)."""
     if not _float_leaves(space, allocate(space, (1,)), "obs"):
         return None
-    zeros: dict[np.dtype, np.ndarray] = {}  # by dtype: as long as the longest leaf yet
 
     def finite(leaf: np.ndarray) -> bool:
-        flat = leaf.reshape(-1)
-        n, dtype = len(flat), flat.dtype
-        zero = zeros.get(dtype)
-        if zero is None or len(zero) < n:
-            zero = zeros[dtype] = np.zeros(n, dtype)
-        return surely_finite(flat, zero[:n])
+        return surely_finite(leaf.reshape(-1))
 
     if type(space) in LEAF_SPACES:  # one array: no tree walked per step
         return finite
@@ -221,22 +222,21 @@ def all_finite_test(space: spaces.Space, buffer: Any) -> Callable[[int, int], bo
     if they may not be (then :func:`nonfinite_observations` says which); None without
     a float leaf. One dot product with zeros per leaf and block."""
     leaves = [
-        (flat, int(np.prod(leaf.shape[1:], dtype=np.int64)), np.zeros_like(flat))
+        (leaf.reshape(-1), int(np.prod(leaf.shape[1:], dtype=np.int64)))
         for _, leaf in _float_leaves(space, buffer, "obs")
-        for flat in [leaf.reshape(-1)]
     ]
     if not leaves:
         return None
     isfinite = math.isfinite
 
     def test(lo: int, hi: int) -> bool:
-        for flat, k, zeros in leaves:
+        for flat, k in leaves:
             block = flat[lo * k : hi * k]
             # A few values: Python's sum of a list costs less than even BLAS's call.
             if len(block) <= 16:
                 if not isfinite(sum(block.tolist())):
                     return False
-            elif not surely_finite(block, zeros[: len(block)]):
+            elif not surely_finite(block):
                 return False
         return True
 
