@@ -163,11 +163,8 @@ def raise_for(status: int, answer: Any) -> None:
         else errors.InvalidArgumentTypeError
         if code == "invalid_type"
         else errors.InvalidArgumentError,  # invalid_value, the schema's invalid_request
-        503: errors.ActionTimeoutError
-        if code == "timeout"
-        else errors.ClosedError  # the env is closed: what it raises in process
-        if code == "closed"
-        else None,
+        # the env's own action timeout, or the env closed: what it raises in process
+        503: {"timeout": errors.ActionTimeoutError, "closed": errors.ClosedError}.get(code),
     }.get(status)
     if kind is not None:
         raise kind(text)
