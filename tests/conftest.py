@@ -71,15 +71,6 @@ class ActorCritic(nn.Module):
         return nn.Dense(self.num_outputs)(x), nn.Dense(1)(x)
 
 
-def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: one test process more than the CPUs, at most three. A quarter of the
-    suite's time is tests waiting (step timeouts, hung workers, slow sockets), which the
-    extra process fills: 6.2 min instead of 6.8 on 2 cores. At most three, so the timing
-    of the process-backend tests (workers, hangs, timeouts) is never crowded."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return min((cpus or 1) + 1, 3)
-
-
 def pytest_sessionfinish(session, exitstatus):
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
