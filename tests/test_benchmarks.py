@@ -557,6 +557,20 @@ def test_envpool_modes_times_each_mode_against_both_hand_loops(tmp_path):
     )
 
 
+def test_envpool_arenas_times_the_last_pool_with_the_arena_limit_raised_and_at_glibcs(tmp_path):
+    pytest.importorskip("envpool")
+    out = tmp_path / "envpool_arenas.json"
+    _run("envpool_arenas.py", "--num-envs", "4", "--pools", "2", "--pairs", "1",
+         "--seconds", "0.05", "--out", str(out))  # fmt: skip
+    (row,) = json.loads(out.read_text())["results"]
+    assert set(row["runs"]) == {"raised", "glibc"} and row["pools"] == 2
+    raised, glibc = row["runs"]["raised"][0], row["runs"]["glibc"][0]
+    assert raised["steps_per_s"] > 0 and glibc["steps_per_s"] > 0
+    # The glibc child's MALLOC_ARENA_MAX is the user's choice, which the backend keeps.
+    assert raised["arena_limit_raised"] is True and glibc["arena_limit_raised"] is False
+    assert row["raised_over_glibc"] == pytest.approx(raised["steps_per_s"] / glibc["steps_per_s"])
+
+
 def test_peers_workload_times_jaxrunners_envpool_backend_against_envpool_by_hand(tmp_path):
     """Where EnvPool imports beside jaxrunner, a workload run has an ``envpool`` row:
     jaxrunner's EnvPool backend, EnvPool by hand in sync mode and (from the peers'

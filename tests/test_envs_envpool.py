@@ -761,3 +761,14 @@ def test_async_reset_gives_envpools_infos_as_sync_mode() -> None:
     assert "env_id" in expected and sorted(got) == sorted(expected)
     for key in ("env_id", "elapsed_step", "_env_id", "_elapsed_step"):
         np.testing.assert_array_equal(got[key], expected[key], key)
+
+
+def test_a_pool_raises_glibcs_arena_limit_before_its_threads_allocate() -> None:
+    """Each pool's buffer thread allocates while the sampling thread frees; at glibc's own
+    limit a later pool's thread shared the sampling thread's arena
+    (benchmarks/envpool_arenas.py)."""
+    from jaxrunner._src.backends import malloc_arenas
+
+    malloc_arenas.allow_an_arena_per_thread.cache_clear()
+    with closing(jr.make_vec("CartPole-v1", 2, "envpool", batch_size=1)):
+        assert malloc_arenas.allow_an_arena_per_thread.cache_info().currsize == 1

@@ -13,6 +13,7 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src.arg_checks import check_int
+from jaxrunner._src.backends.malloc_arenas import allow_an_arena_per_thread
 from jaxrunner._src.backends.steps import EnvIds
 from jaxrunner._src.space_arrays.actions import check_action_batch, passing_batch_test
 from jaxrunner.errors import EnvIndexError, InvalidActionError, InvalidArgumentError
@@ -162,6 +163,7 @@ def pool_builder(
                 f"{where}({task_id!r}): not an EnvPool task; envpool.list_all_envs() names "
                 "them (for a gymnasium id, use another backend, e.g. 'sync')."
             )
+        allow_an_arena_per_thread()  # before the pool's threads first allocate
         return envpool.make_gymnasium(task_id, **sizes, **by, **kwargs)
 
     return build
