@@ -67,7 +67,9 @@ def run_child(args: argparse.Namespace, setting: str) -> dict[str, Any]:
     command = [sys.executable, __file__, "--child", "--workload", args.workload]
     command += ["--num-envs", str(args.num_envs), "--pools", str(args.pools)]
     command += ["--seconds", str(args.seconds)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"the {setting} child failed:\n{done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -271,6 +271,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "peers_cartpole_stop102": lambda: systems_table("peers_cartpole_stop102_cpu.json"),
     "peers_cartpole_stop102_rerun": lambda: systems_table("peers_cartpole_stop102_rerun_cpu.json"),
     "peers_cartpole_stop103": lambda: systems_table("peers_cartpole_stop103_cpu.json"),
+    "peers_halfcheetah_stop103": lambda: systems_table("peers_halfcheetah_stop103_cpu.json"),
+    "peers_pong_stop103": lambda: systems_table("peers_pong_stop103_cpu.json"),
     "peers_pong_first": lambda: systems_table("peers_pong_cpu.json"),
     "peers_halfcheetah_first": lambda: systems_table("peers_halfcheetah_cpu.json"),
     "peers_pong_gpu": lambda: systems_table("peers_pong_gpu.json"),
