@@ -20,10 +20,9 @@ def allow_an_arena_per_thread() -> bool:
 
     Each EnvPool pool has a thread that allocates its next state buffers while the
     sampling thread frees the last ones; where the two share an arena, both wait on its
-    lock, and a pool built third in a process sampled ~45% slower (55-80k context
-    switches in 2.4 s against 8-12k). glibc fixes the limit once a process has more
-    than 8 arenas, so this acts only if called before; a user's ``MALLOC_ARENA_MAX``
-    is left as it is, as are other C libraries."""
+    lock. glibc fixes the limit once a process has more than 8 arenas, so this acts only
+    if called before; a user's ``MALLOC_ARENA_MAX`` is left as it is, as are other C
+    libraries."""
     if not sys.platform.startswith("linux") or "MALLOC_ARENA_MAX" in os.environ:
         return False
     try:
