@@ -41,10 +41,12 @@ N`` runs the whole A/B N times, each in a fresh process, and reports per width t
 median of the runs' speed-ups with every run's row: on a shared machine, one run can
 move by more than the few percent it measures. The runs alternate which version's runner
 is built first (``--new-first`` builds the working tree's first in one run): on the
-EnvPool backend the runner built second in a process runs slower (HEAD against itself:
-0.88 built base first, 1.07 new first), so each width also reports each order's median
-speed-up and ``speedup_both_orders``, their geometric mean, which cancels that bias; an
-even ``--repeats`` gives both orders as many runs. On the process backend both versions'
+EnvPool backend the runner built second in a process ran slower (HEAD against itself:
+0.88 built base first, 1.07 new first; at stop 103, with the backend raising glibc's
+malloc arena limit, 1.00-1.03 and 0.99-1.00 at 64 and 256 envs:
+``ab_revision_envpool_order_stop103_cpu.json``), so each width also reports each order's
+median speed-up and ``speedup_both_orders``, their geometric mean, which cancels such a
+bias; an even ``--repeats`` gives both orders as many runs. On the process backend both versions'
 workers come from one fork server, preloaded as the version that started it asks (since
 03023a1 the package also preloads jax and the script's imports there);
 ``--process-config '{"start_method": "spawn"}'`` gives every worker a fresh interpreter
