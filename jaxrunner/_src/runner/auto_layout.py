@@ -272,8 +272,8 @@ def envpool_variants(num_envs: int, cpus: int, ready_first: bool = True) -> list
     more (EnvPool's own count is then more than one thread, and async mode can overlap);
     async mode where its batches divide the envs and the runner takes ``ready_first``."""
     batch = envpool_options("envpool_async", num_envs, cpus)["batch_size"]
-    skip = () if ready_first and num_envs % batch == 0 else ("envpool_async",)
-    return [k for k in ENVPOOL_VARIANTS if k not in skip] if min(num_envs, cpus) > 1 else []
+    skip = "envpool_async" if not ready_first or num_envs % batch else None
+    return [k for k in ENVPOOL_VARIANTS if k != skip] if min(num_envs, cpus) > 1 else []
 
 
 def envpool_options(key: str, num_envs: int, cpus: int) -> dict[str, Any]:
@@ -288,12 +288,12 @@ def envpool_options(key: str, num_envs: int, cpus: int) -> dict[str, Any]:
 
 
 def kept_key(choice: LayoutChoice) -> int | str:
-    """The trial's key of the layout ``choice`` holds (its worker count, or an EnvPool
-    variant's name)."""
+    """The trial's key of ``choice``'s layout: its worker count, or EnvPool's key."""
     if choice.backend != ENVPOOL:
         return choice.num_workers
-    options = dict(choice.envpool_options)
-    return "envpool_async" if "batch_size" in options else ENVPOOL + "_one_thread" * bool(options)
+    options = dict(choice.envpool_options)  # the key whose options these are
+    keys = (ENVPOOL, *ENVPOOL_VARIANTS)
+    return next(k for k in keys if envpool_options(k, choice.num_envs, choice.cpus) == options)
 
 
 def envpool_has(env: Any, env_kwargs: Mapping[str, Any], restart_policy: Any) -> bool:
