@@ -93,6 +93,9 @@ class EnvPoolAsyncLoop:
         rollout_length: T.
         seed: seeds the envs, the policy's params and its action keys.
         make_policy: ``(observation space, action space) -> Policy``.
+        meanwhile: called as ``meanwhile(obs, t)`` after each policy call is dispatched
+            and before its result is read (work that JAX's asynchronous dispatch lets the
+            loop do while the policy computes), or None.
     """
 
     def __init__(
@@ -103,6 +106,7 @@ class EnvPoolAsyncLoop:
         rollout_length: int,
         seed: int,
         make_policy: Callable[[gymnasium.Space, gymnasium.Space], Policy],
+        meanwhile: Callable[[Any, int], None] | None = None,
     ) -> None:
         import envpool  # type: ignore[import-not-found]  # an optional extra
 
@@ -118,7 +122,7 @@ class EnvPoolAsyncLoop:
         self._clip = None
         if isinstance(action_space, gymnasium.spaces.Box):
             self._clip = (action_space.low, action_space.high)
-        self.rollout_length = rollout_length
+        self.rollout_length, self._meanwhile = rollout_length, meanwhile
         shape = (rollout_length, batch)
         self.obs, self.action, self.log_prob, self.reward, self.terminated, self.truncated = (
             recording_buffers(obs_space, action_space, shape)
@@ -141,6 +145,8 @@ class EnvPoolAsyncLoop:
             self.truncated[t] = truncated
             self.env_id[t] = env_id
             action, extras, key = act(params, obs, key)
+            if self._meanwhile is not None:
+                self._meanwhile(obs, t)
             action, log_prob = np.asarray(action), np.asarray(extras["log_prob"])
             self.action[t] = action
             self.log_prob[t] = log_prob

@@ -557,6 +557,37 @@ def test_envpool_modes_times_each_mode_against_both_hand_loops(tmp_path):
     )
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a layout needs 2 CPUs")
+def test_envpool_thread_layouts_place_each_thread_where_the_layout_says(tmp_path):
+    pytest.importorskip("envpool")
+    out = tmp_path / "thread_layouts.json"
+    _run("thread_layouts.py", "--workload", "cartpole", "--widths", "4", "--rounds", "2",
+         "--seconds", "0.05", "--work-us", "20", "--out", str(out))  # fmt: skip
+    (row,) = json.loads(out.read_text())["results"]
+    layouts = {"free", "pinned", "split"}
+    names = {"hand_sync", "hand_async", *layouts, *(f"{name}+work" for name in layouts)}
+    names |= {"jaxrunner", "jaxrunner_pinned"}
+    assert row["num_envs"] == 4 and set(row["median_steps_per_s"]) == names
+    assert all(len(r) == 2 and min(r) > 0 for r in row["rounds"].values())
+    med = row["median_steps_per_s"]
+    best = row["best_hand"]
+    assert med[best] == max(med["hand_sync"], med["hand_async"])
+    assert row["ratio_to_best_hand"]["free"] == pytest.approx(med["free"] / med[best])
+    cpus = sorted(os.sched_getaffinity(0))
+    policy, envpool = cpus[:1], cpus[1:]
+    placed = row["placement"]
+    assert placed["free"]["loop_cpus"] == cpus and placed["free"]["thread_cpus"] == [cpus]
+    assert placed["jaxrunner"]["loop_cpus"] == cpus
+    for name in ("pinned", "pinned+work", "split", "split+work", "jaxrunner_pinned"):
+        # The loop with JAX's threads (pinned) or beside EnvPool's (split); every thread
+        # on the policy's CPU or, EnvPool's own, on the others.
+        loop = placed[name]["loop_cpus"]
+        assert loop == (envpool if name.startswith("split") else policy)
+        sets = placed[name]["thread_cpus"]
+        assert policy in sets and all(c == policy or set(c) <= set(envpool) for c in sets)
+        assert any(set(c) <= set(envpool) for c in sets)
+
+
 def test_envpool_arenas_times_the_last_pool_with_the_arena_limit_raised_and_at_glibcs(tmp_path):
     pytest.importorskip("envpool")
     out = tmp_path / "envpool_arenas.json"

@@ -174,6 +174,29 @@ def test_ray_scaling_table_matches_the_files_ratios():
         assert rows[system][1] == f"{steps:,.0f}"
 
 
+def test_thread_layouts_table_holds_each_systems_median_cpus_and_ratio():
+    names = (
+        "thread_layouts_pong_stop104_cpu.json",
+        "thread_layouts_halfcheetah_stop104_cpu.json",
+        "thread_layouts_cartpole_stop104_cpu.json",
+    )
+    rows = {(r[0], r[1], r[2]): r for r in _rows(tables.thread_layouts_table(*names))}
+    expected = 0
+    for name in names:
+        report = tables.load(name)
+        for row in report["results"]:
+            best = row["median_steps_per_s"][row["best_hand"]]
+            for system, per_round in row["rounds"].items():
+                expected += 1
+                steps = row["median_steps_per_s"][system]
+                assert steps == pytest.approx(statistics.median(per_round))
+                cells = rows[report["config"]["workload"], str(row["num_envs"]), system]
+                assert cells[3] == f"{steps:,.0f}"
+                assert cells[4] == f"{row['cores'][system]:.2f}"
+                assert cells[5] == f"{steps / best:.2f}"
+    assert len(rows) == expected
+
+
 def test_every_marker_on_the_page_names_a_table_and_every_table_is_on_the_page():
     text = PAGE.read_text()
     markers = tables.MARKER.findall(text)

@@ -254,6 +254,22 @@ def splits_table(*names: str) -> str:
     return markdown(header, rows, right_from=2) + "\n\n" + "\n\n".join(sources) + "\n"
 
 
+def thread_layouts_table(*names: str) -> str:
+    """``thread_layouts.py`` reports: per workload and width, each system's median steps/s,
+    the CPUs it kept busy and its speed over the faster hand loop at EnvPool's defaults."""
+    rows, sources = [], []
+    for name in names:
+        report = load(name)
+        for row in report["results"]:
+            for system, steps in row["median_steps_per_s"].items():
+                cells = [rate(steps), f"{row['cores'][system]:.2f}"]
+                cells.append(ratio(row["ratio_to_best_hand"][system]))
+                rows.append([report["config"]["workload"], str(row["num_envs"]), system, *cells])
+        sources.append(source_line(name, report).strip())
+    header = ["workload", "envs", "system", "steps/s", "CPUs busy", "/ best hand loop"]
+    return markdown(header, rows, right_from=3) + "\n\n" + "\n\n".join(sources) + "\n"
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "headline": headline_table,
     "peers_cartpole": lambda: systems_table("peers_host_cpu.json"),
@@ -296,6 +312,11 @@ TABLES: dict[str, Callable[[], str]] = {
     "serve_load_before": lambda: serve_load_table("serve_load_hostile_placebo_quiet_cpu.json"),
     "serve_load_loaded": lambda: serve_load_table("serve_load_hostile_cpu.json"),
     "ray_scaling": ray_scaling_table,
+    "thread_layouts": lambda: thread_layouts_table(
+        "thread_layouts_pong_stop104_cpu.json",
+        "thread_layouts_halfcheetah_stop104_cpu.json",
+        "thread_layouts_cartpole_stop104_cpu.json",
+    ),
 }
 
 

@@ -78,7 +78,7 @@ class EnvPoolAsyncVectorEnv(NoSubEnvAccess, VectorEnv):
         if self.keep_reset_steps:
             self.metadata = {**self.metadata, "autoreset_mode": AutoresetMode.NEXT_STEP}
         self._action_check = EnvPoolActions(task_id, self.single_action_space)
-        self._obs = space_arrays.allocate(self.single_observation_space, (num_envs,))
+        self._obs = space_arrays.allocate(self.single_observation_space, (num_envs,))  # reset's
         # The final step of each env whose reset step EnvPool has yet to return.
         self._awaiting_reset = np.zeros(num_envs, np.bool_)
         # keep_reset_steps: the envs whose episode ended at their last answer.
@@ -282,7 +282,6 @@ class EnvPoolAsyncVectorEnv(NoSubEnvAccess, VectorEnv):
             override=ResetInfos(list(finals), lambda j: finals[j][0][finals[j][1]]),
         )  # fmt: skip
         obs_out = space_arrays.take(space, obs, rows)
-        space_arrays.copy_into(space, self._obs, obs_out, env_ids)
         return BatchStep(
             obs_out, next_obs, reward_out, term_out, trunc_out, infos, reset_infos, None, None,
             env_ids,
@@ -296,7 +295,6 @@ class EnvPoolAsyncVectorEnv(NoSubEnvAccess, VectorEnv):
         reset = self._ended[env_ids]
         self._ended[env_ids] = np.logical_or(terminated, truncated)
         obs_out = space_arrays.map_structure(space, np.array, obs)  # ours, not EnvPool's
-        space_arrays.copy_into(space, self._obs, obs_out, env_ids)
         return BatchStep(
             obs_out, obs_out, np.array(reward, np.float64), np.array(terminated, np.bool_),
             np.array(truncated, np.bool_), SplitInfos(info, len(env_ids)), {}, None, None,
