@@ -57,10 +57,12 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 from typing import Any  # noqa: E402
 
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from peer_loops import EnvPoolAsyncLoop  # noqa: E402
 from script_report import write_report  # noqa: E402
 
+import jaxrunner as jr  # noqa: E402
 from jaxrunner._src.bench import child, systems  # noqa: E402
 from jaxrunner._src.bench.workloads import get_workload  # noqa: E402
 
@@ -114,11 +116,13 @@ def build(spec: systems.Spec) -> Any:
 def placement() -> dict[str, Any]:
     """Where this process's threads may run: the calling thread's CPUs, and each set of
     CPUs some thread has."""
-    tasks = os.listdir("/proc/self/task")
-    return {
-        "loop_cpus": sorted(os.sched_getaffinity(0)),
-        "thread_cpus": sorted({tuple(sorted(os.sched_getaffinity(int(t)))) for t in tasks}),
-    }
+    sets = set()
+    for task in os.listdir("/proc/self/task"):
+        try:
+            sets.add(tuple(sorted(os.sched_getaffinity(int(task)))))
+        except ProcessLookupError:  # a thread that ended meanwhile
+            continue
+    return {"loop_cpus": sorted(os.sched_getaffinity(0)), "thread_cpus": sorted(sets)}
 
 
 class Placed(systems.RolloutSystem):
@@ -134,10 +138,6 @@ class PlacedRunner(systems.JaxrunnerSystem):
 
     @staticmethod
     def _build(spec: systems.Spec) -> Any:
-        import jax
-
-        import jaxrunner as jr
-
         envs = systems._make_envs(spec)
         policy = systems.spec_policy(spec, envs.single_observation_space, envs.single_action_space)
         params = policy.init(jax.random.key(spec.seed), envs.single_observation_space)

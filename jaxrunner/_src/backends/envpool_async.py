@@ -78,7 +78,8 @@ class EnvPoolAsyncVectorEnv(NoSubEnvAccess, VectorEnv):
         if self.keep_reset_steps:
             self.metadata = {**self.metadata, "autoreset_mode": AutoresetMode.NEXT_STEP}
         self._action_check = EnvPoolActions(task_id, self.single_action_space)
-        self._obs = space_arrays.allocate(self.single_observation_space, (num_envs,))  # reset's
+        # reset_batch's answer (steps answer arrays of their own).
+        self._obs = space_arrays.allocate(self.single_observation_space, (num_envs,))
         # The final step of each env whose reset step EnvPool has yet to return.
         self._awaiting_reset = np.zeros(num_envs, np.bool_)
         # keep_reset_steps: the envs whose episode ended at their last answer.
