@@ -42,7 +42,8 @@ class Spec:
     ``"jax"`` (gymnax in a ``JaxVectorEnv``); ``reference`` the hand loop's (a key of
     ``REFERENCES``, or a peer library's built by ``benchmarks/``); ``multi_agent``:
     ``env`` is a PettingZoo ``module:name``; ``workload``: every system's envs and policy
-    come from it; ``env_kwargs``: more ``make_vec`` options for jaxrunner's envs."""
+    come from it; ``env_kwargs``: more ``make_vec`` options for jaxrunner's envs;
+    ``chunk_rows``: the runner's policy chunk (None: its default)."""
 
     system: str
     backend: str
@@ -54,6 +55,7 @@ class Spec:
     multi_agent: bool = False
     workload: str | None = None
     env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    chunk_rows: int | None = None
 
     def __post_init__(self) -> None:
         builders = MULTI_AGENT_BUILDERS if self.multi_agent else BUILDERS
@@ -118,7 +120,9 @@ class JaxrunnerSystem:
             envs = _make_envs(spec)
             policy = spec_policy(spec, envs.single_observation_space, envs.single_action_space)
             params = policy.init(jax.random.key(spec.seed), envs.single_observation_space)
-            return EnvRunner(envs, policy, params, spec.rollout_length, spec.seed)
+            return EnvRunner(
+                envs, policy, params, spec.rollout_length, spec.seed, chunk_rows=spec.chunk_rows
+            )
         # As a user builds it: the spaces for the policy from one env made apart (closed
         # again), then EnvRunner.from_env, which tries the layouts with the policy.
         env = get_workload(spec.workload).user_env if spec.workload else spec.env
