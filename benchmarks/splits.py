@@ -2,10 +2,12 @@
 
 ``EnvRunner(num_splits=None)`` (the default: one split on an accelerator; on a CPU
 host two from 256 envs with asynchronous dispatch, else one, and the process backend's
-own two from 16 rows, sub-envs times agents) against ``num_splits=1`` and
+own two from 16 sub-envs) against ``num_splits=1`` and
 ``num_splits=2``, and the recording hand loop over gymnasium's ``SyncVectorEnv``
 (SAME_STEP autoreset, one policy call per step), on a workload of ``jaxrunner bench``
-(its envs and jitted policy), the sync or process backend. Everything runs in this
+(its envs and jitted policy), the sync or process backend; or, with ``--env``, a
+PettingZoo parallel env with the benchmark MLP per policy group, against the PettingZoo
+hand loop (a list of parallel envs stepped one by one). Everything runs in this
 process, built once per width and timed in interleaved rounds; ratios of medians.
 
 Written for the GPU rows of the speed issue: on an H200 (16 cores) one split beat two
@@ -16,6 +18,7 @@ Usage::
 
     python benchmarks/splits.py --workload cartpole --widths 8 64 256 \\
         --out benchmarks/results/splits_cartpole_gpu.json
+    python benchmarks/splits.py --env mpe2:simple_spread_v3 --backend process --widths 8 16
     python benchmarks/splits.py --widths 8 --rounds 1 --seconds 0.2   # smoke test
 """
 
@@ -31,8 +34,10 @@ from script_report import parse_args, write_report
 
 from jaxrunner import EnvRunner, make_vec
 from jaxrunner._src.bench.hand_loop import RecordingHandLoop, reference_envs
+from jaxrunner._src.bench.multi_agent import MultiAgentHandLoop, env_factory
 from jaxrunner._src.bench.timing import timed
 from jaxrunner._src.bench.workloads import WORKLOADS, get_workload
+from jaxrunner.models import mlp_policy
 
 SPLITS: tuple[int | None, ...] = (None, 1, 2)
 """The runners timed at each width: the default, then one and two splits."""
@@ -42,32 +47,63 @@ def _label(num_splits: int | None) -> str:
     return "default" if num_splits is None else f"splits={num_splits}"
 
 
+def _runner(args: argparse.Namespace, width: int, length: int, num_splits: int | None) -> Any:
+    """A runner at ``width`` of the workload's envs and policy, or of the PettingZoo env
+    ``--env`` with the benchmark MLP per policy group."""
+    if args.env:
+        envs = make_vec(env_factory(args.env), width, backend=args.backend)
+        try:
+            policies = {g.policy_id: mlp_policy(g.action_space) for g in envs.groups}
+            key = jax.random.key(args.seed)
+            params = {
+                g.policy_id: policies[g.policy_id].init(key, g.observation_space)
+                for g in envs.groups
+            }
+            return EnvRunner(envs, policies, params, length, args.seed, num_splits=num_splits)
+        except BaseException:
+            envs.close()
+            raise
+    workload = get_workload(args.workload)
+    envs = make_vec(workload.make, width, backend=args.backend, seed=args.seed)
+    try:
+        policy = workload.policy(envs.single_observation_space, envs.single_action_space)
+        params = policy.init(jax.random.key(args.seed), envs.single_observation_space)
+        return EnvRunner(envs, policy, params, length, args.seed, num_splits=num_splits)
+    except BaseException:
+        envs.close()
+        raise
+
+
 def measure_width(args: argparse.Namespace, width: int) -> dict[str, Any]:
     workload = get_workload(args.workload)
-    length = workload.rollout_length(width)
+    length = args.rollout_length if args.env else workload.rollout_length(width)
     systems: dict[str, Any] = {}
     closers: list[Any] = []
     resolved: dict[str, int] = {}
     try:
         for num_splits in (s for s in SPLITS if s is None or s <= width):
-            envs = make_vec(workload.make, width, backend=args.backend, seed=args.seed)
-            closers.append(envs.close)
-            policy = workload.policy(envs.single_observation_space, envs.single_action_space)
-            params = policy.init(jax.random.key(args.seed), envs.single_observation_space)
-            runner = EnvRunner(envs, policy, params, length, args.seed, num_splits=num_splits)
+            runner = _runner(args, width, length, num_splits)
             closers.append(runner.stop)
             label = _label(num_splits)
             resolved[label] = runner.num_splits
 
             def sample(runner: EnvRunner = runner) -> int:
-                return int(runner.sample().reward.size)
+                trajectory = runner.sample()
+                return trajectory.num_steps * trajectory.num_envs  # env steps
 
             systems[label] = sample
-        hand_envs, _ = reference_envs("sync", workload.env_id, width, args.seed, args.workload)
-        closers.append(hand_envs.close)
-        policy = workload.policy(hand_envs.single_observation_space, hand_envs.single_action_space)
-        hand = RecordingHandLoop(hand_envs, length, args.seed, policy=policy)
-        systems["hand"] = hand.rollout
+        if args.env:
+            loop = MultiAgentHandLoop(env_factory(args.env), width, length, args.seed)
+            closers.append(loop.close)
+            systems["hand"] = loop.rollout
+        else:
+            hand_envs, _ = reference_envs("sync", workload.env_id, width, args.seed, args.workload)
+            closers.append(hand_envs.close)
+            policy = workload.policy(
+                hand_envs.single_observation_space, hand_envs.single_action_space
+            )
+            hand = RecordingHandLoop(hand_envs, length, args.seed, policy=policy)
+            systems["hand"] = hand.rollout
         for run in systems.values():
             run()  # warm-up: compiles, first resets
         rounds: dict[str, list[float]] = {name: [] for name in systems}
@@ -91,6 +127,13 @@ def measure_width(args: argparse.Namespace, width: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=list(WORKLOADS), default="cartpole")
+    parser.add_argument(
+        "--env",
+        default=None,
+        help="a PettingZoo parallel env, module:name (e.g. mpe2:simple_spread_v3), with "
+        "the benchmark MLP per policy group and the PettingZoo hand loop, in place of the workload",
+    )
+    parser.add_argument("--rollout-length", type=int, default=64, help="with --env")
     parser.add_argument("--backend", choices=("sync", "process"), default="sync")
     parser.add_argument("--widths", type=int, nargs="+", default=[8, 64, 256])
     parser.add_argument("--rounds", type=int, default=5)

@@ -235,9 +235,14 @@ def test_step_costs_times_every_part_of_the_runner_and_the_hand_loop(tmp_path):
     assert all(row[f"{part}_us_median"] > 0 for part in parts)
 
 
-def test_splits_times_the_default_one_and_two_splits_against_the_hand_loop(tmp_path):
+@pytest.mark.parametrize("env", [None, "mpe2:simple_spread_v3"])
+def test_splits_times_the_default_one_and_two_splits_against_the_hand_loop(tmp_path, env):
     out = tmp_path / "splits.json"
-    _run("splits.py", "--widths", "2", "--rounds", "1", "--seconds", "0.01", "--out", str(out))
+    options = ["--widths", "2", "--rounds", "1", "--seconds", "0.01", "--out", str(out)]
+    if env is not None:  # a PettingZoo env, against its hand loop
+        pytest.importorskip("mpe2")
+        options += ["--env", env, "--rollout-length", "4"]
+    _run("splits.py", *options)
     (row,) = json.loads(out.read_text())["results"]
     assert row["num_splits"] == {"default": 1, "splits=1": 1, "splits=2": 2}  # CPU, inline
     assert set(row["rounds"]) == {"default", "splits=1", "splits=2", "hand"}

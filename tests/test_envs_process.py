@@ -144,7 +144,7 @@ def shared_process_vec():
 @pytest.mark.parametrize("num_splits", [None, 2])
 def test_runner_equal_to_sync_whatever_the_groups(sync_reference, shared_process_vec, num_splits):
     runner = _runner(shared_process_vec, num_splits=num_splits)  # not stopped: vec is shared
-    if num_splits is None:  # the default below TWO_SPLITS_MIN_ROWS: one split
+    if num_splits is None:  # the default below TWO_SPLITS_MIN_ENVS: one split
         assert runner.sampler.splits == [slice(0, 7)]
     else:
         assert runner.sampler.splits == [slice(0, 4), slice(4, 7)]
@@ -416,18 +416,18 @@ def test_worker_bounds():
     assert len(worker_bounds(64, None, None)) == max(1, launch.available_cpus() - 1)
 
 
-def test_default_splits_two_from_the_rows_where_they_pay(monkeypatch):
-    """Two splits from TWO_SPLITS_MIN_ROWS (sub-envs times agents) on a CPU host, one
-    below it and on an accelerator, where a second policy call per step costs more than
-    the overlap gains."""
-    from jaxrunner._src.backends.process.vector_env import TWO_SPLITS_MIN_ROWS
+def test_default_splits_two_from_the_sub_envs_where_they_pay(monkeypatch):
+    """Two splits from TWO_SPLITS_MIN_ENVS sub-envs on a CPU host, whatever their agents
+    (MPE's 3 agents at 8 envs ran faster in one), one below it and on an accelerator,
+    where a second policy call per step costs more than the overlap gains."""
+    from jaxrunner._src.backends.process.vector_env import TWO_SPLITS_MIN_ENVS
     from jaxrunner._src.samplers import pipeline_splits
     from tests.multi_agent_envs import simple_spread
 
-    one_agent = [(TWO_SPLITS_MIN_ROWS - 1, 1), (TWO_SPLITS_MIN_ROWS, 2)]
+    one_agent = [(TWO_SPLITS_MIN_ENVS - 1, 1), (TWO_SPLITS_MIN_ENVS, 2)]
     cases = [(ProcessVectorEnv([short_cartpole] * n), s) for n, s in one_agent]
-    three_agents = -(-TWO_SPLITS_MIN_ROWS // 3)  # fewer envs, as many rows
-    cases.append((jr.make_multi_agent_vec(simple_spread, three_agents, "process"), 2))
+    for n, s in [(TWO_SPLITS_MIN_ENVS - 1, 1), (TWO_SPLITS_MIN_ENVS, 2)]:  # 3 agents each
+        cases.append((jr.make_multi_agent_vec(simple_spread, n, "process"), s))
     for vec, splits in cases:
         with vec:
             assert pipeline_splits.default_num_splits(vec) == splits

@@ -23,11 +23,12 @@ from jaxrunner._src.backends.sub_env_block import EnvFactory
 from jaxrunner._src.core.agent_groups import AgentGroup, PolicyMappingFn
 from jaxrunner.errors import InvalidArgumentError
 
-TWO_SPLITS_MIN_ROWS = 16
-"""Rows (sub-envs times agents) from which two splits pay on a CPU host: CartPole one
-split 1.10x two at 8 envs, two 1.24-1.36x one at 16 to 64
-(benchmarks/results/splits_process_cartpole_widths_cpu.json); MPE's 3 agents keep their
-two at 8 envs (one split ran 0.95x there, within this host's noise)."""
+TWO_SPLITS_MIN_ENVS = 16
+"""Sub-envs from which two splits pay on a CPU host: one split ran 1.10x two at 8
+CartPoles, two 1.24-1.36x one at 16 to 64
+(benchmarks/results/splits_process_cartpole_widths_cpu.json); on MPE simple_spread (3
+agents) one split ran 1.08x two at 4 and 8 envs, two 1.05x one at 16 and 32
+(splits_process_mpe_stop105_cpu.json): sub-envs, not rows, set it."""
 
 
 class ProcessBackend(RemoteSubEnvs):
@@ -35,7 +36,7 @@ class ProcessBackend(RemoteSubEnvs):
     one kind gives the layout (:meth:`_layout_for`). Results of ``call``/``get_attr`` must
     pickle."""
 
-    # Two pipelining splits from TWO_SPLITS_MIN_ROWS on a CPU host (an accelerator takes
+    # Two pipelining splits from TWO_SPLITS_MIN_ENVS on a CPU host (an accelerator takes
     # one): the workers step one split while the main process computes the other's actions.
     capabilities = Capabilities(can_restart=True, steps_in_background=True, pipeline_splits=2)
     groups: tuple[AgentGroup, ...]  # the kind's: a VectorEnv's one, or the layout's
@@ -74,7 +75,7 @@ class ProcessBackend(RemoteSubEnvs):
             self._close_after("construction failed")
             raise
         self._closed_reason = None
-        if self.num_envs * sum(g.num_agents for g in self.groups) < TWO_SPLITS_MIN_ROWS:
+        if self.num_envs < TWO_SPLITS_MIN_ENVS:
             self.capabilities = dataclasses.replace(self.capabilities, pipeline_splits=None)
         self._stepper, self._views, self._pool = transport.stepper, transport.views, transport.pool
         self._layout = layout
