@@ -11,7 +11,9 @@ interleaved rounds (the order reversed every other round), env steps per second:
   and on one thread (``num_threads=1``);
 * ``async``, ``async_fewer_threads``: in async mode (``batch_size = num_envs // 2``) at
   EnvPool's own thread count, and on a thread fewer than the CPUs (the async variant
-  of ``from_env``'s trial: ``auto_layout.envpool_options("envpool_async", ...)``).
+  of ``from_env``'s trial: ``auto_layout.envpool_options("envpool_async", ...)``);
+* ``two_pools``, ``two_pools_one_thread``: two sync pools (``num_pools=2``), a pipelining
+  split each, at EnvPool's own thread count and on one thread each.
 
 Each row keeps every round, each system's median and its median per-round ratio to the
 faster of the two hand loops (``over_best_hand``).
@@ -54,6 +56,8 @@ def systems(workload: str, num_envs: int, cpus: int) -> dict[str, Any]:
         "sync_one_thread": {"num_threads": 1},
         "async": {"batch_size": fewer["batch_size"]},
         "async_fewer_threads": fewer,
+        "two_pools": {"num_pools": 2},
+        "two_pools_one_thread": {"num_pools": 2, "num_threads": 1},
     }
     built = {"hand_sync": build(hand)}
     for name, options in variants.items():

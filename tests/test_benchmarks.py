@@ -554,6 +554,7 @@ def test_envpool_modes_times_each_mode_against_both_hand_loops(tmp_path):
          "--out", str(out))  # fmt: skip
     (row,) = json.loads(out.read_text())["results"]
     names = {"hand_sync", "hand_async", "sync", "sync_one_thread", "async", "async_fewer_threads"}
+    names |= {"two_pools", "two_pools_one_thread"}
     assert row["num_envs"] == 4 and set(row["steps_per_s"]) == set(row["over_best_hand"]) == names
     assert all(len(s["rounds"]) == 2 and s["median"] > 0 for s in row["steps_per_s"].values())
     assert row["async_fewer_threads_options"]["batch_size"] == 2

@@ -12,8 +12,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.arg_checks import check_bool, check_int, check_seed_count
-from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.arg_checks import check_bool, check_seed_count
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.envpool_calls import (
     EnvPoolActions,
@@ -229,22 +228,3 @@ class EnvPoolVectorEnv(NoSubEnvAccess, GymnasiumVectorEnv):
             SplitInfos(out.info, self.num_envs), EMPTY_RESET_INFOS,
             reset_rows=reset if reset.any() else None,
         )  # fmt: skip
-
-
-def make_envpool_vec(
-    task_id: str, num_envs: int, batch_size: int | None = None, **kwargs: Any
-) -> VectorEnv:
-    """``make_vec(task_id, num_envs, backend="envpool", **kwargs)``: sync mode, or with
-    ``batch_size < num_envs`` EnvPool's async mode
-    (:class:`~jaxrunner._src.backends.envpool_async.EnvPoolAsyncVectorEnv`), which the runner
-    samples ready-first."""
-    where = "make_vec"
-    check_int(where, "batch_size", batch_size, none="for sync mode")
-    check_bool(where, "keep_reset_steps", kwargs.get("keep_reset_steps", True))
-    # EnvPool's C++ aborts the whole process on a negative thread count.
-    check_int(where, "num_threads", kwargs.get("num_threads", 0), low=0, hint="0: EnvPool's own")
-    if batch_size is not None and batch_size != num_envs:
-        from jaxrunner._src.backends.envpool_async import EnvPoolAsyncVectorEnv
-
-        return EnvPoolAsyncVectorEnv(task_id, num_envs, batch_size, **kwargs)
-    return EnvPoolVectorEnv(task_id, num_envs, **kwargs)

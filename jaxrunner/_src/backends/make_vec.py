@@ -14,7 +14,7 @@ from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.backends.auto import LayoutChoice, choose_for, envpool_only
 from jaxrunner._src.backends.base import MultiAgentVectorEnv, VectorEnv
 from jaxrunner._src.backends.env_api import is_multi_agent_env, with_namespace_hint
-from jaxrunner._src.backends.envpool import make_envpool_vec
+from jaxrunner._src.backends.envpool_make import make_envpool_vec
 from jaxrunner._src.backends.factories import (
     BACKEND_CONFIGS,
     EnvSpec,
@@ -108,7 +108,9 @@ def make_vec(
             env, not the backend: use ``config``). With ``backend="gymnasium"``: for
             ``gymnasium.make_vec``, ``vectorization_mode`` included (default: the env's
             own vector entry point where it has one). With ``backend="envpool"``: for
-            ``envpool.make_gymnasium`` (``env`` is an EnvPool task id).
+            ``envpool.make_gymnasium`` (``env`` is an EnvPool task id), but
+            ``batch_size`` (async mode), ``num_pools`` (sync pools stepped in turn) and
+            ``keep_reset_steps``, the backend's (docs/backends/envpool.md).
 
     Returns:
         A ``gymnasium.vector.VectorEnv`` (autoreset mode SAME_STEP) for a gymnasium env; a
