@@ -48,19 +48,29 @@ def test_pools_step_as_one_pool_does(keep_reset_steps: bool) -> None:
 
 
 def test_runner_over_pools_samples_one_pools_trajectories_in_two_splits() -> None:
-    """The runner pipelines the pools (a split each, by default) and records the very
-    trajectories of one pool, reset steps and episode statistics included."""
+    """The runner pipelines the pools (a split each, by default; or one split of both)
+    and records the very trajectories of one pool, reset steps and episode statistics
+    included."""
     samples = {}
-    for num_pools in (1, 2):
+    for num_pools, num_splits in ((1, None), (2, None), (2, 1)):
         envs = _vec(6, num_pools)
         policy = mlp_policy(envs.single_action_space, hidden=(8,))
         params = policy.init(jax.random.key(0), envs.single_observation_space)
-        with jr.EnvRunner(envs, policy, params, rollout_length=16, seed=1) as runner:
-            assert runner.num_splits == num_pools
-            samples[num_pools] = [runner.sample() for _ in range(3)]
-            samples[num_pools].append(runner.get_metrics()["episode_return_mean"])
-    assert_trees_equal(samples[2], samples[1])
-    assert not samples[2][0].valid.all()  # EnvPool's reset steps were among them
+        with jr.EnvRunner(envs, policy, params, 16, seed=1, num_splits=num_splits) as runner:
+            assert runner.num_splits == (num_splits or num_pools)
+            got = [runner.sample() for _ in range(3)]
+            samples[num_pools, num_splits] = [*got, runner.get_metrics()["episode_return_mean"]]
+    assert_trees_equal(samples[2, None], samples[1, None])
+    assert_trees_equal(samples[2, 1], samples[1, None])
+    assert not samples[2, None][0].valid.all()  # EnvPool's reset steps were among them
+
+
+def test_the_runner_refuses_splits_across_pools() -> None:
+    envs = _vec(6, 2)
+    policy = mlp_policy(envs.single_action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with closing(envs), pytest.raises(InvalidArgumentError, match=r"whole blocks.*\[0, 3, 6\]"):
+        jr.EnvRunner(envs, policy, params, 16, seed=1, num_splits=3)
 
 
 def test_a_pool_is_sent_whole_and_answered_in_the_order_sent() -> None:

@@ -45,6 +45,9 @@ class Capabilities:
     """Lockstep: the split edges ``(0, ..., num_envs)`` the sampler pipelines (its
     default split count, and its splits whenever it runs that many), where the backend
     steps some envs differently from others (None: splits of equal size)."""
+    whole_blocks: bool = False
+    """Lockstep: each send steps whole blocks of ``pipeline_bounds`` (EnvPool pools), so
+    the sampler runs one split or one per block, and the runner refuses other counts."""
     can_snapshot: bool = False
     """The sub-envs' state can be saved and restored (:meth:`VectorEnv.snapshot_sub_envs`),
     so a checkpointed runner resumes their episodes exactly."""

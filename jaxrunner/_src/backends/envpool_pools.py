@@ -56,6 +56,7 @@ class EnvPoolPoolsVectorEnv(NoSubEnvAccess, VectorEnv):
             reset_steps=first.capabilities.reset_steps,
             steps_in_background=first.capabilities.steps_in_background,
             pipeline_bounds=self.bounds,
+            whole_blocks=True,
         )
         # The observations every step writes (the runner's views of them hold from step
         # to step, as of one pool's), and each pool's rows of them.

@@ -69,6 +69,13 @@ def check_arguments(
             "at once, so there are no splits to pipeline; leave num_splits=None (or use the "
             "'sync' or 'process' backend, which pipeline)."
         )
+    blocks = caps.pipeline_bounds if caps is not None and caps.whole_blocks else None
+    if num_splits not in (None, 1) and blocks is not None and num_splits != len(blocks) - 1:
+        raise InvalidArgumentError(
+            f"EnvRunner(num_splits={num_splits}): {type(envs).__name__} steps whole blocks of "
+            f"sub-envs {list(blocks)}, one split each; leave num_splits=None (or pass "
+            f"{len(blocks) - 1}), or 1 for one split of every block."
+        )
     if callbacks is not None and not isinstance(callbacks, kind.callbacks_type):
         what = kind.callbacks_name
         raise InvalidArgumentTypeError(
