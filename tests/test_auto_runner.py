@@ -217,7 +217,10 @@ def test_pick_layout_a_variant_in_a_near_tie_leaves_the_fastest_of_the_rest():
 
 
 def test_the_trial_times_envpool_on_one_thread_and_async_where_they_differ():
-    assert envpool_variants(64, 2) == ["envpool_one_thread", "envpool_async"]
+    assert envpool_variants(64, 2) == ["envpool_one_thread", "envpool_async", "envpool_pools"]
+    assert envpool_options("envpool_pools", 64, 2) == {"num_pools": 2, "num_threads": 1}
+    # Two pools take a split each: the trial leaves them out where num_splits says other.
+    assert envpool_variants(64, 2, pools=False) == ["envpool_one_thread", "envpool_async"]
     assert envpool_variants(64, 1) == envpool_variants(1, 2) == []  # EnvPool's own is 1
     assert envpool_options("envpool_one_thread", 8, 2) == {"num_threads": 1}
     assert envpool_options("envpool", 8, 2) == {}
@@ -230,15 +233,17 @@ def test_the_trial_times_envpool_on_one_thread_and_async_where_they_differ():
 def test_the_trial_times_envpool_async_only_where_it_can_be_built_and_run():
     # EnvPool's async mode answers whole batches: 5 envs cannot go in batches of 2 (it
     # was timed, refused by make_vec, and warned about as a failed layout).
-    assert envpool_variants(5, 4) == envpool_variants(7, 16) == ["envpool_one_thread"]
-    assert envpool_variants(3, 4) == ["envpool_one_thread", "envpool_async"]  # batches of 1
+    assert (
+        envpool_variants(5, 4) == envpool_variants(7, 16) == ["envpool_one_thread", "envpool_pools"]
+    )
+    assert envpool_variants(3, 4)[:2] == ["envpool_one_thread", "envpool_async"]  # batches of 1
     for num_envs in range(2, 40):
         if "envpool_async" in envpool_variants(num_envs, 4):
             batch = envpool_options("envpool_async", num_envs, 4)["batch_size"]
             assert 1 <= batch < num_envs and num_envs % batch == 0
     # Its ready-first loop refuses per-step callbacks and num_splits, which the trial's
     # runners leave out: chosen, the runner built with them would raise.
-    assert envpool_variants(64, 2, ready_first=False) == ["envpool_one_thread"]
+    assert envpool_variants(64, 2, ready_first=False) == ["envpool_one_thread", "envpool_pools"]
     assert auto_layout.takes_loop_options(None, None) and auto_layout.takes_loop_options(None, 1)
     assert auto_layout.takes_loop_options(AgentCallbacks(), None)  # no per-step hook
     assert not auto_layout.takes_loop_options(jr.Callbacks(), None)

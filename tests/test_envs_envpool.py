@@ -528,7 +528,9 @@ def test_default_sends_in_the_background() -> None:
             mine.send(np.zeros(2, np.int64), slice(0, 2))
 
 
-@pytest.mark.parametrize("winner", ["envpool", "envpool_one_thread", "envpool_async", 0])
+@pytest.mark.parametrize(
+    "winner", ["envpool", "envpool_one_thread", "envpool_async", "envpool_pools", 0]
+)
 def test_from_env_tries_envpool_and_builds_what_it_chose(monkeypatch, winner) -> None:
     """Where EnvPool has the id, ``from_env``'s trial times its backend too, at its
     defaults, on one thread and in async mode (the rule keeps these cheap envs in sync,
@@ -552,16 +554,18 @@ def test_from_env_tries_envpool_and_builds_what_it_chose(monkeypatch, winner) ->
     with jr.EnvRunner.from_env("CartPole-v1", 4, policy, params, 8, SEED) as runner:
         got = runner.sample()
         choice = runner.envs.layout_choice
-        config = runner.envs.env.config if winner else None
+        pools = getattr(runner.envs, "pools", [runner.envs])  # (EnvPool pools stepped in turn)
+        configs = [pool.env.config for pool in pools] if winner else []
     assert len(picked) == 1 and set(picked[0]) == {0, "envpool", *variants}
     assert min(picked[0].values()) > 0
     backend = "envpool" if winner else "sync"
     assert choice is not None and choice.backend == backend
     by_hand = auto_layout.envpool_options(winner, 4, choice.cpus) if winner else {}
     assert dict(choice.envpool_options) == (by_hand if winner != "envpool" else {})
-    if config is not None:  # the pool built as asked (0: EnvPool's own thread count)
+    assert len(configs) == (by_hand.get("num_pools", 1) if winner else 0)
+    for config in configs:  # each pool built as asked (0: EnvPool's own thread count)
         assert config["num_threads"] == by_hand.get("num_threads", 0)
-        assert config["batch_size"] == by_hand.get("batch_size", 4)
+        assert config["batch_size"] == by_hand.get("batch_size", config["num_envs"])
     envs = jr.make_vec("CartPole-v1", 4, backend, **by_hand)
     with jr.EnvRunner(envs, policy, params, 8, SEED) as ref:
         assert_trees_equal(got, ref.sample(), f"from_env(auto -> {backend}) vs by hand")
@@ -604,7 +608,8 @@ def test_from_env_times_envpool_async_only_where_it_builds_and_runs(
     with runner:
         for _ in range(20):
             runner.sample()
-    assert tried == [{0, "envpool", "envpool_one_thread"}]
+    # (two pools step in lockstep: per-step callbacks and 5 envs, 2 + 3, are theirs)
+    assert tried == [{0, "envpool", "envpool_one_thread", "envpool_pools"}]
     assert bool(ends) == with_callbacks  # the runner's callbacks ran
 
 

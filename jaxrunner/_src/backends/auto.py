@@ -94,6 +94,7 @@ class LayoutChoice:
             options = dict(self.envpool_options)
             metrics["envpool_threads"] = options.get("num_threads", 0)  # 0: EnvPool's own
             metrics["envpool_batch_size"] = options.get("batch_size", 0)  # 0: sync mode
+            metrics["envpool_pools"] = options.get("num_pools", 1)
             for name, rate in self.tried_envpool_variants:
                 metrics[f"tried_envpool_{name}_steps_per_s"] = rate
         return metrics

@@ -50,11 +50,11 @@ they often differ by less than a trial's noise (HalfCheetah at 8 envs won a tria
 one thread by 5%, then ran 0.90x)."""
 ENVPOOL = "envpool"
 """The trial's key of the ``"envpool"`` backend (the others are worker counts, 0 sync)."""
-ENVPOOL_VARIANTS = ("envpool_one_thread", "envpool_async")
-"""The trial's keys of the ``"envpool"`` backend beyond its defaults
-(:func:`envpool_options`): cheap envs can step faster on one thread (no step handed
-between threads); its async mode, on a thread fewer than the CPUs, overlaps the policy
-with half the envs stepping (the runner's thread keeps a CPU of its own)."""
+ENVPOOL_VARIANTS = ("envpool_one_thread", "envpool_async", "envpool_pools")
+"""The trial's keys of the ``"envpool"`` backend beyond its defaults (:func:`envpool_options`):
+cheap envs can step faster on one thread (no step handed between threads); async mode on
+a thread fewer than the CPUs, and two pools of one thread each (a split each, in sync
+mode's order), overlap the policy with other envs stepping."""
 PAIRED = ("envpool_async",)
 """Keys timed on the second of two samples in a row: a ready-first sample's envs run
 into the next one, so a sample right after other layouts' starts ahead."""
@@ -186,7 +186,8 @@ def _trial(
     keys: list[int | str] = [*trial_workers(rule)] if rule.backend == "process" else [0]
     if envpool:
         ready_first = takes_loop_options(runner_options.get("callbacks"), options.get("num_splits"))
-        keys += [ENVPOOL, *envpool_variants(num_envs, rule.cpus, ready_first)]
+        pools = options.get("num_splits") in (None, 1, 2)  # a pool per split, or one split
+        keys += [ENVPOOL, *envpool_variants(num_envs, rule.cpus, ready_first, pools)]
 
     def timed_sample(key: int | str) -> float:
         """Seconds per valid transition of ``samples`` samples of ``key``'s runner."""
@@ -267,13 +268,17 @@ def _trial(
     return choice
 
 
-def envpool_variants(num_envs: int, cpus: int, ready_first: bool = True) -> list[str]:
+def envpool_variants(
+    num_envs: int, cpus: int, ready_first: bool = True, pools: bool = True
+) -> list[str]:
     """The :data:`ENVPOOL_VARIANTS` a trial times, where there are 2 CPUs and 2 envs or
     more (EnvPool's own count is then more than one thread, and async mode can overlap);
-    async mode where its batches divide the envs and the runner takes ``ready_first``."""
+    async mode where its batches divide the envs and the runner takes ``ready_first``,
+    two pools where it takes their splits (``pools``)."""
     batch = envpool_options("envpool_async", num_envs, cpus)["batch_size"]
-    skip = "envpool_async" if not ready_first or num_envs % batch else None
-    return [k for k in ENVPOOL_VARIANTS if k != skip] if min(num_envs, cpus) > 1 else []
+    skip = {"envpool_async"} if not ready_first or num_envs % batch else set()
+    skip |= set() if pools else {"envpool_pools"}
+    return [k for k in ENVPOOL_VARIANTS if k not in skip] if min(num_envs, cpus) > 1 else []
 
 
 def envpool_options(key: str, num_envs: int, cpus: int) -> dict[str, Any]:
@@ -284,7 +289,7 @@ def envpool_options(key: str, num_envs: int, cpus: int) -> dict[str, Any]:
     if key == "envpool_async":
         batch = max(1, num_envs // 2)
         return {"batch_size": batch, "num_threads": max(1, min(batch, cpus - 1))}
-    return {}
+    return {"num_pools": 2, "num_threads": 1} if key == "envpool_pools" else {}
 
 
 def kept_key(choice: LayoutChoice) -> int | str:
@@ -309,19 +314,14 @@ def _same_spaces(envs: VectorEnv, sync: VectorEnv) -> bool:
     tasks preprocess their frames)."""
     obs, sync_obs = envs.single_observation_space, sync.single_observation_space
     act, sync_act = envs.single_action_space, sync.single_action_space
+    casts = (
+        act.dtype is not None and sync_act.dtype is not None
+        and np.can_cast(sync_act.dtype, act.dtype, "safe")
+    )  # fmt: skip
     return (
-        _alike(obs, sync_obs)
-        and obs.dtype == sync_obs.dtype
-        and _alike(act, sync_act)
-        and (
-            act.dtype == sync_act.dtype
-            or (
-                act.dtype is not None
-                and sync_act.dtype is not None
-                and np.can_cast(sync_act.dtype, act.dtype, "safe")
-            )
-        )
-    )
+        _alike(obs, sync_obs) and obs.dtype == sync_obs.dtype
+        and _alike(act, sync_act) and (act.dtype == sync_act.dtype or casts)
+    )  # fmt: skip
 
 
 def _alike(a: gymnasium.Space, b: gymnasium.Space) -> bool:
@@ -396,5 +396,5 @@ def _processes(key: int | str) -> int:
 def _label(key: int | str) -> str:
     if key == ENVPOOL or key in ENVPOOL_VARIANTS:
         names = {"envpool_one_thread": "envpool on 1 thread", "envpool_async": "envpool async"}
-        return names.get(str(key), ENVPOOL)
+        return names.get(str(key), "envpool in 2 pools" if key == "envpool_pools" else ENVPOOL)
     return "sync" if key == 0 else f"{key} worker{'s' if int(key) > 1 else ''}"
