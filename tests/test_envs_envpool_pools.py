@@ -85,6 +85,25 @@ def test_a_pool_is_sent_whole_and_answered_in_the_order_sent() -> None:
         assert [vec.recv().env_ids, vec.recv().env_ids] == [slice(3, 6), slice(0, 3)]
 
 
+def test_a_refused_send_steps_no_pool() -> None:
+    """A pool still stepping, or a bad action in any pool, refuses the send before any
+    pool steps: what was in flight is answered as before, and nothing more."""
+    with closing(_vec(6, 2)) as vec:
+        vec.reset(seed=SEED)
+        vec.send(np.zeros(3, np.int64), slice(3, 6))
+        with pytest.raises(InvalidArgumentError, match=r"sub-envs 3\.\.5 \(a pool\) are still"):
+            vec.send(np.zeros(6, np.int64))
+        assert vec.recv().env_ids == slice(3, 6)
+        for actions, rows in (
+            (np.array([0, 1, 0, 0, 7, 0]), None),
+            (np.array([0, 7, 0]), slice(3, 6)),
+        ):
+            with pytest.raises(jr.errors.InvalidActionError, match="sub-env 4"):  # not 1
+                vec.send(actions, rows)
+        with pytest.raises(InvalidArgumentError, match="no send"):
+            vec.recv()
+
+
 def test_reset_at_resets_the_sub_env_of_its_pool() -> None:
     with closing(_vec(4, 2)) as one_of_two, closing(_vec(4)) as one:
         for vec in (one_of_two, one):

@@ -15,7 +15,7 @@ from jaxrunner._src.arg_checks import check_seed_count
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.envpool import EnvPoolVectorEnv
-from jaxrunner._src.backends.envpool_calls import NoSubEnvAccess
+from jaxrunner._src.backends.envpool_calls import EnvPoolActions, NoSubEnvAccess
 from jaxrunner._src.backends.steps import BatchStep, EnvIds, block_rows
 from jaxrunner._src.backends.vector_infos import SplitInfos
 from jaxrunner.errors import InvalidArgumentError
@@ -66,6 +66,8 @@ class EnvPoolPoolsVectorEnv(NoSubEnvAccess, VectorEnv):
             for lo, hi in zip(self.bounds, self.bounds[1:])
         ]
         self._sent: collections.deque[list[int]] = collections.deque()  # pools per send
+        self._action_check = EnvPoolActions(task_id, self.single_action_space)
+        self._ids = np.arange(num_envs)
 
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
@@ -100,11 +102,26 @@ class EnvPoolPoolsVectorEnv(NoSubEnvAccess, VectorEnv):
                 f"sub-envs at once; send None or whole pools, a slice at the pool edges "
                 f"{list(self.bounds)}."
             )
-        last = self.bounds.index(hi)
-        for k in range(first, last):
-            rows = slice(self.bounds[k] - lo, self.bounds[k + 1] - lo)
-            self.pools[k].send(space_arrays.tree_map(lambda a, r=rows: a[r], actions))
-        self._sent.append(list(range(first, last)))
+        # Checked whole, before any pool steps (an error names the sub-env, not its row
+        # in its pool; each pool checks its rows again, as cheaply).
+        self._action_check(actions, self._ids[lo:hi])
+        pools = list(range(first, self.bounds.index(hi)))
+        busy = sorted({k for sent in self._sent for k in sent} & set(pools))
+        if busy:
+            b_lo, b_hi = self.bounds[busy[0]], self.bounds[busy[0] + 1]
+            raise InvalidArgumentError(
+                f"{type(self).__name__}.send(env_ids={env_ids!r}): sub-envs {b_lo}..{b_hi - 1} "
+                "(a pool) are still stepping; recv() their results before sending them again."
+            )
+        parts = [
+            space_arrays.tree_map(
+                lambda a, k=k: a[self.bounds[k] - lo : self.bounds[k + 1] - lo], actions
+            )
+            for k in pools
+        ]
+        for k, part in zip(pools, parts):
+            self.pools[k].send(part)
+        self._sent.append(pools)
 
     def recv(self) -> BatchStep:
         self._check_open("step")
