@@ -41,7 +41,7 @@ def test_pools_step_as_one_pool_does(keep_reset_steps: bool) -> None:
         assert_trees_equal(pools.reset(seed=SEED), one.reset(seed=SEED))
         ended = 0
         for a in actions:
-            got, expected = pools.step(a), one.step(a)
+            got, expected = pools.step(a.tolist()), one.step(a)  # (a list too)
             assert_trees_equal(got, expected)
             ended += int(np.count_nonzero(expected[2] | expected[3]))
         assert ended > 0  # the comparison covered episode ends

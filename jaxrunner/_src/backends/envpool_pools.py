@@ -104,7 +104,7 @@ class EnvPoolPoolsVectorEnv(NoSubEnvAccess, VectorEnv):
             )
         # Checked whole, before any pool steps (an error names the sub-env, not its row
         # in its pool; each pool checks its rows again, as cheaply).
-        self._action_check(actions, self._ids[lo:hi])
+        actions = self._action_check(actions, self._ids[lo:hi])  # (a list: as an array)
         pools = list(range(first, self.bounds.index(hi)))
         busy = sorted({k for sent in self._sent for k in sent} & set(pools))
         if busy:
