@@ -419,21 +419,23 @@ def test_worker_bounds():
 def test_default_splits_two_from_the_sub_envs_where_they_pay(monkeypatch):
     """Two splits from TWO_SPLITS_MIN_ENVS sub-envs on a CPU host, whatever their agents
     (MPE's 3 agents at 8 envs ran faster in one), one below it and on an accelerator,
-    where a second policy call per step costs more than the overlap gains."""
-    from jaxrunner._src.backends.process.vector_env import TWO_SPLITS_MIN_ENVS
+    where a second policy call per step costs more than the overlap gains. The threshold
+    is lowered to 4 here (few workers to start): 3 and 4 envs of 3 agents are 9 and 12
+    rows, which a threshold in rows would split alike."""
+    from jaxrunner._src.backends.process import vector_env
     from jaxrunner._src.samplers import pipeline_splits
     from tests.multi_agent_envs import simple_spread
 
-    one_agent = [(TWO_SPLITS_MIN_ENVS - 1, 1), (TWO_SPLITS_MIN_ENVS, 2)]
-    cases = [(ProcessVectorEnv([short_cartpole] * n), s) for n, s in one_agent]
-    for n, s in [(TWO_SPLITS_MIN_ENVS - 1, 1), (TWO_SPLITS_MIN_ENVS, 2)]:  # 3 agents each
-        cases.append((jr.make_multi_agent_vec(simple_spread, n, "process"), s))
+    monkeypatch.setattr(vector_env, "TWO_SPLITS_MIN_ENVS", 4)
+    widths = [(3, 1), (4, 2)]
+    cases = [(ProcessVectorEnv([short_cartpole] * n), s) for n, s in widths]
+    cases += [(jr.make_multi_agent_vec(simple_spread, n, "process"), s) for n, s in widths]
     for vec, splits in cases:
         with vec:
             assert pipeline_splits.default_num_splits(vec) == splits
-            monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-            assert pipeline_splits.default_num_splits(vec) == 1
-            monkeypatch.undo()
+            with monkeypatch.context() as gpu:
+                gpu.setattr(jax, "default_backend", lambda: "gpu")
+                assert pipeline_splits.default_num_splits(vec) == 1
 
 
 @pytest.mark.parametrize(
