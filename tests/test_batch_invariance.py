@@ -277,6 +277,26 @@ def test_default_splits_do_not_pay_a_costly_policy_twice(num_envs, flops, splits
         assert default_num_splits(process_like, [light, light]) == 1  # type: ignore[arg-type]
 
 
+def test_whole_blocks_that_would_pad_a_costly_policy_are_sampled_as_one_split():
+    """EnvPool pools (whole blocks of ``pipeline_bounds``) keep a split each where every
+    block holds whole policy chunks or the padding costs little; else one split of all
+    (two pools of 4 Pong envs computed the NatureCNN's chunk of 8 twice: 0.62x). Other
+    declared bounds (the main process's share) keep their splits, as before."""
+    from types import SimpleNamespace
+
+    from jaxrunner._src.backends.capabilities import Capabilities
+    from jaxrunner._src.samplers.pipeline_splits import GroupCost, default_num_splits
+
+    caps = Capabilities(pipeline_bounds=(0, 4, 8), whole_blocks=True)
+    pools = SimpleNamespace(num_envs=8, capabilities=caps)
+    assert default_num_splits(pools, [GroupCost(1, 4, None)]) == 2  # type: ignore[arg-type]
+    assert default_num_splits(pools, [GroupCost(1, 8, None)]) == 1  # type: ignore[arg-type]
+    assert default_num_splits(pools, [GroupCost(1, 8, 1e5)]) == 2  # type: ignore[arg-type]  # 8e5 flops
+    assert default_num_splits(pools, [GroupCost(1, 8, 3e7)]) == 1  # type: ignore[arg-type]
+    share = SimpleNamespace(num_envs=8, capabilities=dataclasses.replace(caps, whole_blocks=False))
+    assert default_num_splits(share, [GroupCost(1, 8, None)]) == 2  # type: ignore[arg-type]
+
+
 @pytest.mark.usefixtures("cpu_defaults")
 @pytest.mark.parametrize(("hidden", "splits"), [((64, 64), 2), ((1024, 1024), 1)])
 def test_the_runner_splits_a_costly_policy_only_into_whole_chunks(hidden, splits):

@@ -63,12 +63,17 @@ def default_num_splits(envs: Stepped, costs: Sequence[GroupCost] = ()) -> int:
     else one where calls block, else 2 from :data:`PIPELINE_MIN_ENVS`; fewer where the
     splits' padding to whole policy chunks would cost the groups (``costs``) more than
     :data:`CHUNK_FLOPS` (an unknown cost counting as more): then only whole chunks (a
-    NatureCNN's two splits of 4 envs computed 16 rows, 0.72x)."""
+    NatureCNN's two splits of 4 envs computed 16 rows, 0.72x). A backend of whole blocks
+    (EnvPool pools) takes one split of all where its blocks would pad so (two pools of 4
+    Pong envs: 0.62x)."""
     num_envs, capabilities = envs.num_envs, envs.capabilities
     if capabilities.whole_batch:
         return 1
-    if capabilities.pipeline_bounds is not None:
-        return len(capabilities.pipeline_bounds) - 1
+    bounds = capabilities.pipeline_bounds
+    if bounds is not None:  # whole blocks (EnvPool pools): one split of all where they pad
+        sizes = list(np.diff(bounds))
+        padded = capabilities.whole_blocks and _padding_flops(sizes, costs) > CHUNK_FLOPS
+        return 1 if padded else len(bounds) - 1
     if compute_platform() != "cpu":
         return 1
     if capabilities.pipeline_splits is not None:
@@ -77,16 +82,23 @@ def default_num_splits(envs: Stepped, costs: Sequence[GroupCost] = ()) -> int:
         wanted = 1
     else:
         wanted = 2 if num_envs >= PIPELINE_MIN_ENVS else 1
-    padding_flops = 0.0
-    for c in costs:
-        split_rows = (num_envs // wanted) * c.rows_per_env
-        padding = wanted * -(-split_rows // c.chunk_rows) * c.chunk_rows - num_envs * c.rows_per_env
-        if padding > 0:
-            padding_flops += float("inf") if c.flops_per_row is None else padding * c.flops_per_row
-    if padding_flops > CHUNK_FLOPS:
+    if _padding_flops([num_envs // wanted] * wanted, costs, num_envs) > CHUNK_FLOPS:
         whole = min(num_envs * c.rows_per_env // c.chunk_rows for c in costs)
         return min(wanted, max(1, whole))
     return wanted
+
+
+def _padding_flops(sizes: Sequence[int], costs: Sequence[GroupCost], num_envs: int = 0) -> float:
+    """The groups' work on padding rows when splits of ``sizes`` envs each compute whole
+    policy chunks, beyond ``num_envs`` envs' rows (default: their sum); an unknown cost
+    counts as infinite."""
+    total = 0.0
+    for c in costs:
+        rows = sum(-(-n * c.rows_per_env // c.chunk_rows) * c.chunk_rows for n in sizes)
+        padding = rows - (num_envs or sum(sizes)) * c.rows_per_env
+        if padding > 0:
+            total += float("inf") if c.flops_per_row is None else padding * c.flops_per_row
+    return total
 
 
 def pipeline_splits(
