@@ -71,7 +71,7 @@ def default_num_splits(envs: Stepped, costs: Sequence[GroupCost] = ()) -> int:
         return 1
     bounds = capabilities.pipeline_bounds
     if bounds is not None:  # whole blocks (EnvPool pools): one split of all where they pad
-        sizes = list(np.diff(bounds))
+        sizes = [hi - lo for lo, hi in itertools.pairwise(bounds)]
         padded = capabilities.whole_blocks and _padding_flops(sizes, costs) > CHUNK_FLOPS
         return 1 if padded else len(bounds) - 1
     if compute_platform() != "cpu":
