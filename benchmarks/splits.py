@@ -29,15 +29,14 @@ import pathlib
 import statistics
 from typing import Any
 
-import jax
 from script_report import parse_args, write_report
 
-from jaxrunner import EnvRunner, make_vec
+from jaxrunner import EnvRunner
 from jaxrunner._src.bench.hand_loop import RecordingHandLoop, reference_envs
 from jaxrunner._src.bench.multi_agent import MultiAgentHandLoop, env_factory
+from jaxrunner._src.bench.systems import Spec, build_runner
 from jaxrunner._src.bench.timing import timed
 from jaxrunner._src.bench.workloads import WORKLOADS, get_workload
-from jaxrunner.models import mlp_policy
 
 SPLITS: tuple[int | None, ...] = (None, 1, 2)
 """The runners timed at each width: the default, then one and two splits."""
@@ -50,28 +49,13 @@ def _label(num_splits: int | None) -> str:
 def _runner(args: argparse.Namespace, width: int, length: int, num_splits: int | None) -> Any:
     """A runner at ``width`` of the workload's envs and policy, or of the PettingZoo env
     ``--env`` with the benchmark MLP per policy group."""
-    if args.env:
-        envs = make_vec(env_factory(args.env), width, backend=args.backend)
-        try:
-            policies = {g.policy_id: mlp_policy(g.action_space) for g in envs.groups}
-            key = jax.random.key(args.seed)
-            params = {
-                g.policy_id: policies[g.policy_id].init(key, g.observation_space)
-                for g in envs.groups
-            }
-            return EnvRunner(envs, policies, params, length, args.seed, num_splits=num_splits)
-        except BaseException:
-            envs.close()
-            raise
-    workload = get_workload(args.workload)
-    envs = make_vec(workload.make, width, backend=args.backend, seed=args.seed)
-    try:
-        policy = workload.policy(envs.single_observation_space, envs.single_action_space)
-        params = policy.init(jax.random.key(args.seed), envs.single_observation_space)
-        return EnvRunner(envs, policy, params, length, args.seed, num_splits=num_splits)
-    except BaseException:
-        envs.close()
-        raise
+    spec = Spec(
+        system="jaxrunner", backend=args.backend,
+        env=args.env or get_workload(args.workload).env_id, num_envs=width,
+        rollout_length=length, seed=args.seed, multi_agent=bool(args.env),
+        workload=None if args.env else args.workload, num_splits=num_splits,
+    )  # fmt: skip
+    return build_runner(spec)
 
 
 def measure_width(args: argparse.Namespace, width: int) -> dict[str, Any]:

@@ -131,29 +131,30 @@ class EnvPoolPoolsVectorEnv(NoSubEnvAccess, VectorEnv):
                 "send(actions) first, once per recv()."
             )
         pools = self._sent.popleft()
+        if len(pools) == 1:  # the runner's split
+            return self._answer(pools[0])
         outs = [self._answer(k) for k in pools]
-        lo, hi = self.bounds[pools[0]], self.bounds[pools[-1] + 1]
-        rows = slice(lo, hi)
-        if len(outs) == 1:
-            return outs[0]._replace(env_ids=rows)
+        rows = slice(self.bounds[pools[0]], self.bounds[pools[-1] + 1])
         return self._joined(outs, pools, rows)
 
     def _answer(self, k: int) -> BatchStep:
-        """Pool ``k``'s answer, its observations in this env's buffer and its infos'
-        EnvPool env ids made this env's (read on access, as the pool's)."""
-        out, lo = self.pools[k].recv(), self.bounds[k]
+        """Pool ``k``'s answer as this env's rows: its observations in this env's buffer,
+        its infos' EnvPool env ids made this env's (read on access, as the pool's)."""
+        out, lo, hi = self.pools[k].recv(), self.bounds[k], self.bounds[k + 1]
         obs = self._pool_obs[k]
         space_arrays.copy_into(self.single_observation_space, obs, out.obs)
-        out = out._replace(obs=obs, next_obs=obs if out.next_obs is out.obs else out.next_obs)
-        if not lo:
-            return out
-        infos = out.infos
-        if isinstance(infos, SplitInfos):
+        infos, reset_infos = out.infos, out.reset_infos
+        if lo and isinstance(infos, SplitInfos):
             infos = SplitInfos(_GlobalIds(infos.merged, lo), len(infos))
-        else:
+        elif lo:
             infos = [_global_info(info, lo) for info in infos]
-        reset_infos = {i: _global_info(info, lo) for i, info in out.reset_infos.items()}
-        return out._replace(infos=infos, reset_infos=reset_infos)
+        if lo and reset_infos:
+            reset_infos = {i: _global_info(info, lo) for i, info in reset_infos.items()}
+        next_obs = obs if out.next_obs is out.obs else out.next_obs
+        return out._replace(
+            obs=obs, next_obs=next_obs, infos=infos, reset_infos=reset_infos,
+            env_ids=slice(lo, hi),
+        )  # fmt: skip
 
     def _joined(self, outs: list[BatchStep], pools: list[int], rows: slice) -> BatchStep:
         """The answers of several pools as one step of their envs ``rows``."""

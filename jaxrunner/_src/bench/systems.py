@@ -43,7 +43,8 @@ class Spec:
     ``REFERENCES``, or a peer library's built by ``benchmarks/``); ``multi_agent``:
     ``env`` is a PettingZoo ``module:name``; ``workload``: every system's envs and policy
     come from it; ``env_kwargs``: more ``make_vec`` options for jaxrunner's envs;
-    ``chunk_rows``: the runner's policy chunk (None: its default)."""
+    ``chunk_rows``, ``num_splits``: the runner's policy chunk and pipelining splits
+    (None: its defaults)."""
 
     system: str
     backend: str
@@ -56,6 +57,7 @@ class Spec:
     workload: str | None = None
     env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     chunk_rows: int | None = None
+    num_splits: int | None = None
 
     def __post_init__(self) -> None:
         builders = MULTI_AGENT_BUILDERS if self.multi_agent else BUILDERS
@@ -121,7 +123,7 @@ class JaxrunnerSystem:
             policy = spec_policy(spec, envs.single_observation_space, envs.single_action_space)
             params = policy.init(jax.random.key(spec.seed), envs.single_observation_space)
             return EnvRunner(
-                envs, policy, params, spec.rollout_length, spec.seed, chunk_rows=spec.chunk_rows
+                envs, policy, params, spec.rollout_length, spec.seed, **_runner_options(spec)
             )
         # As a user builds it: the spaces for the policy from one env made apart (closed
         # again), then EnvRunner.from_env, which tries the layouts with the policy.
@@ -164,13 +166,25 @@ class MultiAgentRunnerSystem(JaxrunnerSystem):
                 g.policy_id: policies[g.policy_id].init(key, g.observation_space)
                 for g in envs.groups
             }
-            return EnvRunner(envs, policies, params, spec.rollout_length, spec.seed)
+            return EnvRunner(
+                envs, policies, params, spec.rollout_length, spec.seed, **_runner_options(spec)
+            )
         except BaseException:
             envs.close()
             raise
 
     def _sample(self) -> int:
         return self._runner.sample().num_steps * self.num_envs
+
+
+def _runner_options(spec: Spec) -> dict[str, Any]:
+    return {"chunk_rows": spec.chunk_rows, "num_splits": spec.num_splits}
+
+
+def build_runner(spec: Spec) -> EnvRunner:
+    """The runner of a ``"jaxrunner"`` spec, not warmed up (a benchmark that times the
+    runner's own options, e.g. ``num_splits``)."""
+    return (MultiAgentRunnerSystem if spec.multi_agent else JaxrunnerSystem)._build(spec)
 
 
 class RolloutSystem:
