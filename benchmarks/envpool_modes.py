@@ -11,7 +11,7 @@ interleaved rounds (the order reversed every other round), env steps per second:
   and on one thread (``num_threads=1``);
 * ``async``, ``async_fewer_threads``: in async mode (``batch_size = num_envs // 2``) at
   EnvPool's own thread count, and on a thread fewer than the CPUs (the async variant
-  of ``from_env``'s trial: ``auto_layout.envpool_options("envpool_async", ...)``);
+  of ``from_env``'s trial: ``trial_layouts.envpool_options("envpool_async", ...)``);
 * ``two_pools``, ``two_pools_one_thread``: two sync pools (``num_pools=2``), a pipelining
   split each, at EnvPool's own thread count and on one thread each.
 
@@ -40,7 +40,7 @@ from jaxrunner._src.bench import machine_info
 from jaxrunner._src.bench.hand_loop import env_makers
 from jaxrunner._src.bench.systems import RolloutSystem, Spec, build, spec_policy
 from jaxrunner._src.bench.workloads import get_workload
-from jaxrunner._src.runner.auto_layout import envpool_options
+from jaxrunner._src.runner.trial_layouts import envpool_options
 
 
 def systems(workload: str, num_envs: int, cpus: int) -> dict[str, Any]:

@@ -16,13 +16,15 @@ import jaxrunner as jr
 from jaxrunner._src.backends import auto
 from jaxrunner._src.backends.auto import choose_layout
 from jaxrunner._src.runner import auto_layout
-from jaxrunner._src.runner.auto_layout import (
+from jaxrunner._src.runner.trial_layouts import (
+    SHARE,
     SYNC_TIE,
     VARIANT_TIE,
     envpool_options,
     envpool_variants,
     kept_key,
     pick_layout,
+    share_layout,
     trial_workers,
 )
 from jaxrunner.errors import ClosedError, InvalidArgumentError, InvalidArgumentTypeError
@@ -89,16 +91,16 @@ def test_cheap_envs_stay_in_one_process_without_a_trial(monkeypatch):
         assert "policy_step_us" not in runner.get_metrics()["auto"]
 
 
-@pytest.mark.parametrize("winner", [0, 1, 2])
+@pytest.mark.parametrize("winner", [0, 1, 2, SHARE])
 def test_the_trial_builds_the_fastest_layout_and_samples_what_it_samples(monkeypatch, winner):
     _wants_workers(monkeypatch)  # the rule: 2 workers; the process default on 3 CPUs: 2
-    picked: list[dict[int, float]] = []
+    picked: list[dict[int | str, float]] = []
     real_pick = auto_layout.pick_layout
 
     def rigged(rule, rates, *, policy_step_us):  # the real rates, then a set winner
-        assert set(rates) == {0, 2} and min(rates.values()) > 0 and policy_step_us > 0
+        assert set(rates) == {0, 2, SHARE} and min(rates.values()) > 0 and policy_step_us > 0
         picked.append(dict(rates))
-        rates = {0: 1.0, 1: 1.0, 2: 1.0, winner: 2.0}
+        rates = {0: 1.0, 1: 1.0, 2: 1.0, SHARE: 1.0, winner: 2.0}
         return real_pick(rule, rates, policy_step_us=policy_step_us)
 
     monkeypatch.setattr(auto_layout, "pick_layout", rigged)
@@ -107,13 +109,16 @@ def test_the_trial_builds_the_fastest_layout_and_samples_what_it_samples(monkeyp
         choice = runner.envs.layout_choice
         got = _fields(runner.sample())
         metrics = runner.get_metrics()["auto"]
-    assert len(picked) == 1 and choice is not None and choice.num_workers == winner
+    # The share: 2 workers (the main process has a CPU of its own), a third of the envs each.
+    workers, share = (2, 2) if winner == SHARE else (winner, 0)
+    assert len(picked) == 1 and choice is not None and choice.num_workers == workers
     assert choice.backend == ("process" if winner else "sync")
     config = choice.process_config()
     if winner:
-        assert config is not None and config.num_workers == winner
-        assert runner.envs.num_workers == winner
-    assert metrics[f"tried_{winner}_workers_steps_per_s"] == 2.0
+        assert config is not None and config.num_workers == workers
+        assert config.main_process_envs == share and runner.envs.num_workers == workers
+    tried = "tried_share_steps_per_s" if winner == SHARE else f"tried_{winner}_workers_steps_per_s"
+    assert metrics[tried] == 2.0 and metrics["main_process_envs"] == share
     assert metrics["policy_step_us"] == choice.policy_step_us
     backend = "process" if winner else "sync"
     assert_trees_equal(got, _by_hand(backend, config, 6), f"from_env(auto -> {winner} workers)")
@@ -160,6 +165,36 @@ def test_pick_layout_takes_workers_only_past_the_tie():
     assert tie.metrics()["process"] == 0
     fewer = pick_layout(rule, {0: 100.0, 1: 150.0, 3: 150.0}, policy_step_us=5)
     assert fewer.num_workers == 1  # equal rates: the fewer workers
+
+
+def test_pick_layout_takes_the_main_process_share_only_past_the_tie_with_every_other():
+    rule = choose_layout(ATARI_US, 8, cpus=2)  # 1 worker; the share: 1 worker and 4 envs
+    rates = {0: 100.0, 1: 120.0, SHARE: 120.0 * VARIANT_TIE + 0.4}
+    past = pick_layout(rule, rates, policy_step_us=5)
+    assert (past.backend, past.num_workers, past.main_process_envs) == ("process", 1, 4)
+    assert kept_key(past) == SHARE and past.process_config() == jr.ProcessConfig(
+        num_workers=1, main_process_envs=4
+    )
+    assert past.reason.endswith(
+        "sync 100, 1 worker 120, workers with the main process's share 132; kept workers "
+        "with the main process's share"
+    )
+    assert dict(past.tried) == {0: 100.0, 1: 120.0} and past.tried_share == rates[SHARE]
+    assert past.metrics()["main_process_envs"] == 4
+    near = pick_layout(rule, {**rates, SHARE: 120.0 * VARIANT_TIE}, policy_step_us=5)
+    assert (kept_key(near), near.main_process_envs) == (1, 0)  # a near tie: the isolated one
+    assert near.process_config() == jr.ProcessConfig(num_workers=1, main_process_envs=0)
+    over_sync = pick_layout(rule, {0: 100.0, 1: 50.0, SHARE: 112.0}, policy_step_us=5)
+    assert kept_key(over_sync) == SHARE  # past sync by 10% and 5%, the slower workers far
+    assert kept_key(pick_layout(rule, {0: 100.0, SHARE: 104.0}, policy_step_us=5)) == 0
+    assert "main_process_envs" not in pick_layout(rule, {0: 1.0}, policy_step_us=5).metrics()
+
+
+def test_the_share_layout_takes_a_workers_place_where_the_cpus_are_all_taken():
+    assert share_layout(choose_layout(ATARI_US, 8, cpus=2)) == (1, 4)
+    assert share_layout(choose_layout(ATARI_US, 8, cpus=4)) == (3, 2)  # 8 ms: 3 workers
+    assert share_layout(choose_layout(2.4, 4096, cpus=4)) == (3, 1024)  # the rule took 4
+    assert share_layout(choose_layout(ATARI_US, 1, cpus=2)) is None  # no sub-env to share
 
 
 def test_pick_layout_takes_envpool_past_the_tie_and_says_so():
@@ -339,7 +374,7 @@ def test_env_kwargs_that_make_vec_would_take_as_its_own_are_refused(key):
 
 
 def test_close_layouts_are_undecided_and_clear_ones_are_not():
-    from jaxrunner._src.runner.auto_layout import undecided
+    from jaxrunner._src.runner.trial_layouts import undecided
 
     assert undecided({0: [1.0, 1.0], 1: [1.05, 1.05]})  # workers 5% slower
     assert undecided({0: [1.05], 1: [1.0], 2: [2.0]})  # the faster workers 5% faster
@@ -399,7 +434,7 @@ def test_a_probe_that_fails_under_a_restart_policy_gives_sync_with_no_trial(monk
     assert_trees_equal(got, _by_hand("sync", None, 4), "from_env(auto, the probe failed)")
 
 
-@pytest.mark.parametrize("winner", [0, 2])
+@pytest.mark.parametrize("winner", [0, 2, SHARE])
 def test_the_trial_times_a_pettingzoo_factory_too(monkeypatch, winner):
     """A multi-agent env's policy is timed on sync and the rule's workers as a
     single-agent env's is; the runner samples what the chosen layout built by hand does."""
@@ -412,15 +447,18 @@ def test_the_trial_times_a_pettingzoo_factory_too(monkeypatch, winner):
 
     def rigged(rule, rates, *, policy_step_us):
         picked.append(dict(rates))
-        return real_pick(rule, {0: 1.0, 2: 1.0, winner: 2.0}, policy_step_us=policy_step_us)
+        rates = {0: 1.0, 2: 1.0, SHARE: 1.0, winner: 2.0}
+        return real_pick(rule, rates, policy_step_us=policy_step_us)
 
     monkeypatch.setattr(auto_layout, "pick_layout", rigged)
     policy, params = random_policy(3), zero_params(3)
     with jr.EnvRunner.from_env(coming_and_going, 4, policy, params, ROLLOUT, 3) as runner:
         choice = runner.envs.layout_choice
         got = runner.sample()
-    assert len(picked) == 1 and set(picked[0]) == {0, 2} and min(picked[0].values()) > 0
-    assert choice is not None and choice.num_workers == winner and runner.multi_agent
+    assert len(picked) == 1 and set(picked[0]) == {0, 2, SHARE} and min(picked[0].values()) > 0
+    assert choice is not None and runner.multi_agent
+    layout = (2, 1) if winner == SHARE else (winner, 0)  # the share: a third of 4 envs
+    assert (choice.num_workers, choice.main_process_envs) == layout
     backend = "process" if winner else "sync"
     envs = jr.make_vec(coming_and_going, 4, backend, config=choice.process_config())
     with jr.EnvRunner(envs, policy, params, ROLLOUT, seed=3) as by_hand:

@@ -536,11 +536,11 @@ def test_from_env_tries_envpool_and_builds_what_it_chose(monkeypatch, winner) ->
     defaults, on one thread and in async mode (the rule keeps these cheap envs in sync,
     so nothing else is tried); the runner built is the one a user builds by hand on the
     chosen backend with those options (async: the same trajectories, ready-first)."""
-    from jaxrunner._src.runner import auto_layout
+    from jaxrunner._src.runner import auto_layout, trial_layouts
 
     picked: list[dict] = []
     real_pick = auto_layout.pick_layout
-    variants = auto_layout.ENVPOOL_VARIANTS
+    variants = trial_layouts.ENVPOOL_VARIANTS
 
     def rigged(rule, rates, *, policy_step_us):  # the real rates, then a set winner
         picked.append(dict(rates))
@@ -560,7 +560,7 @@ def test_from_env_tries_envpool_and_builds_what_it_chose(monkeypatch, winner) ->
     assert min(picked[0].values()) > 0
     backend = "envpool" if winner else "sync"
     assert choice is not None and choice.backend == backend
-    by_hand = auto_layout.envpool_options(winner, 4, choice.cpus) if winner else {}
+    by_hand = trial_layouts.envpool_options(winner, 4, choice.cpus) if winner else {}
     assert dict(choice.envpool_options) == (by_hand if winner != "envpool" else {})
     assert len(configs) == (by_hand.get("num_pools", 1) if winner else 0)
     for config in configs:  # each pool built as asked (0: EnvPool's own thread count)

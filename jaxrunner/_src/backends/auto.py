@@ -65,13 +65,19 @@ class LayoutChoice:
     tried_envpool_variants: tuple[tuple[str, float], ...] = ()
     """Env steps/s of the other ``"envpool"`` variants in that trial, as ``(name, rate)``
     (``"one_thread"``, ``"async"``); empty where none was tried."""
+    main_process_envs: int = 0
+    """Sub-envs the main process steps beside the workers (``ProcessConfig``'s own
+    option), where the trial chose that layout; 0: every sub-env in a worker."""
+    tried_share: float | None = None
+    """Env steps/s of the workers with the main process's share in that trial; None
+    where it was not tried."""
 
     def process_config(self) -> ProcessConfig | None:
         """The ``ProcessConfig`` that builds this layout (None for sync): its workers,
-        every sub-env in one (no main process share), spin at its adaptive default."""
+        the main process's share, spin at its adaptive default."""
         if self.backend != "process":
             return None
-        return ProcessConfig(num_workers=self.num_workers, main_process_envs=0)
+        return ProcessConfig(num_workers=self.num_workers, main_process_envs=self.main_process_envs)
 
     def metrics(self) -> dict[str, int | float]:
         """The choice as numbers, for ``get_metrics()`` and metric loggers (which take
@@ -87,6 +93,9 @@ class LayoutChoice:
             metrics["policy_step_us"] = self.policy_step_us
         for workers, rate in self.tried:
             metrics[f"tried_{workers}_workers_steps_per_s"] = rate
+        if self.tried_share is not None:
+            metrics["main_process_envs"] = self.main_process_envs
+            metrics["tried_share_steps_per_s"] = self.tried_share
         if self.tried_envpool is not None:
             metrics["envpool"] = int(self.backend == "envpool")
             metrics["tried_envpool_steps_per_s"] = self.tried_envpool
@@ -103,7 +112,8 @@ class LayoutChoice:
 def choose_layout(env_step_us: float, num_envs: int, cpus: int) -> LayoutChoice:
     """The layout for ``num_envs`` sub-envs of step cost ``env_step_us`` on ``cpus``
     CPUs: one worker per :data:`MIN_WORK_US` of work per vector step, never the main
-    process's share (why: docs/backends/index.md)."""
+    process's share (whether it pays depends on the policy, which only
+    ``EnvRunner.from_env``'s trial times: docs/backends/index.md)."""
     work_us = env_step_us * num_envs
     choice = functools.partial(LayoutChoice, env_step_us=env_step_us, num_envs=num_envs, cpus=cpus)
     if cpus < 2:

@@ -20,41 +20,35 @@ from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.factories import EnvSpec
 from jaxrunner._src.backends.make_vec import check_vec_options, choose_auto_layout, make_vec
 from jaxrunner._src.backends.process import ProcessConfig
-from jaxrunner._src.backends.process.launch import default_num_workers
 from jaxrunner._src.backends.ray import RayConfig
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.core.agent_groups import PolicyMappingFn
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.runner.env_runner_checks import takes_loop_options
+from jaxrunner._src.runner.trial_layouts import (
+    ENVPOOL,
+    ENVPOOL_VARIANTS,
+    SHARE,
+    TRIAL_ROUNDS,
+    envpool_options,
+    envpool_variants,
+    kept_key,
+    label,
+    layout_of,
+    pick_layout,
+    share_layout,
+    trial_workers,
+    undecided,
+)
 from jaxrunner._src.samplers.callbacks import Callbacks
 from jaxrunner.errors import InvalidArgumentError
 
-TRIAL_ROUNDS = 5
-"""Timings (:data:`TRIAL_STEPS`) per candidate, interleaved, after a warm-up; each one's
-fastest counts (other work slows samples, never speeds them up: docs/backends/index.md)."""
-CLOSE = 1.10
-"""Where the fastest process layout and sync are within this factor after
-:data:`TRIAL_ROUNDS`, as many rounds again are timed."""
 TRIAL_SAMPLE_S = 0.1
 """The env work one timing aims at (from the probe's step time), in seconds."""
 TRIAL_STEPS = (4, 128)
 """The fewest and most steps per env of a timing: whole samples of the user's
 ``rollout_length`` (at least one; at most the largest), since a sample's own costs,
 and how far async mode's envs run ahead, depend on it."""
-SYNC_TIE = 1.05
-"""Workers must beat sync by this factor to be chosen: on a near tie the simpler
-layout, with no processes to start, wins (and among workers, the fewer)."""
-VARIANT_TIE = CLOSE
-"""An EnvPool variant must beat EnvPool at its defaults by this factor to be chosen:
-they often differ by less than a trial's noise (HalfCheetah at 8 envs won a trial on
-one thread by 5%, then ran 0.90x)."""
-ENVPOOL = "envpool"
-"""The trial's key of the ``"envpool"`` backend (the others are worker counts, 0 sync)."""
-ENVPOOL_VARIANTS = ("envpool_one_thread", "envpool_async", "envpool_pools")
-"""The trial's keys of the ``"envpool"`` backend beyond its defaults (:func:`envpool_options`):
-cheap envs can step faster on one thread (no step handed between threads); async mode on
-a thread fewer than the CPUs, and two pools of one thread each (a split each, in sync
-mode's order), overlap the policy with other envs stepping."""
 PAIRED = ("envpool_async",)
 """Keys timed on the second of two samples in a row: a ready-first sample's envs run
 into the next one, so a sample right after other layouts' starts ahead."""
@@ -172,8 +166,9 @@ def _trial(
     runner_options: dict[str, Any],
     envpool: bool = False,
 ) -> LayoutChoice:
-    """Times sync against the process layouts of :func:`trial_workers` (where the rule
-    chose workers) and, with ``envpool``, the ``"envpool"`` backend, with the policy;
+    """Times sync against the process layouts of :func:`trial_workers` and
+    :func:`share_layout` (where the rule chose workers) and, with ``envpool``, the
+    ``"envpool"`` backend, with the policy;
     returns the fastest (:func:`pick_layout`). A layout other than sync that fails is
     dropped, with a warning; a failure of sync is the env's, and raises."""
     work_us = rule.env_step_us * num_envs
@@ -183,7 +178,9 @@ def _trial(
     options = {k: v for k, v in runner_options.items() if k in TRIAL_OPTIONS}
     runners: dict[int | str, Any] = {}
     failed: dict[int | str, Exception] = {}
-    keys: list[int | str] = [*trial_workers(rule)] if rule.backend == "process" else [0]
+    keys: list[int | str] = [0]
+    if rule.backend == "process":
+        keys = [*trial_workers(rule), *([SHARE] if share_layout(rule) else [])]
     if envpool:
         ready_first = takes_loop_options(runner_options.get("callbacks"), options.get("num_splits"))
         pools = options.get("num_splits") in (None, 1, 2)  # a pool per split, or one split
@@ -224,9 +221,7 @@ def _trial(
                         envs.close()
                         continue
                 else:
-                    layout = dataclasses.replace(
-                        rule, backend="process" if key else "sync", num_workers=int(key)
-                    )
+                    layout = layout_of(rule, key)
                     envs = build(layout.backend, layout.process_config())
                 runners[key] = runner_cls(envs, policy, params, length, seed, **options)
             except BaseException as err:
@@ -256,49 +251,16 @@ def _trial(
     choice = pick_layout(rule, rates, policy_step_us=1e3 * inference_ms)
     if failed:
         dropped = "; ".join(
-            f"{_label(key)} failed ({err!r})" for key, err in sorted(failed.items(), key=str)
+            f"{label(key)} failed ({err!r})" for key, err in sorted(failed.items(), key=str)
         )
         warnings.warn(
             f'EnvRunner.from_env(backend="auto"): in the trial of layouts, {dropped}; '
-            f"dropped, and {_label(kept_key(choice))} kept.",
+            f"dropped, and {label(kept_key(choice))} kept.",
             RuntimeWarning,
             stacklevel=4,
         )
         choice = dataclasses.replace(choice, reason=f"{choice.reason}; {dropped}")
     return choice
-
-
-def envpool_variants(
-    num_envs: int, cpus: int, ready_first: bool = True, pools: bool = True
-) -> list[str]:
-    """The :data:`ENVPOOL_VARIANTS` a trial times, where there are 2 CPUs and 2 envs or
-    more (EnvPool's own count is then more than one thread, and async mode can overlap);
-    async mode where its batches divide the envs and the runner takes ``ready_first``,
-    two pools where it takes their splits (``pools``)."""
-    batch = envpool_options("envpool_async", num_envs, cpus)["batch_size"]
-    skip = {"envpool_async"} if not ready_first or num_envs % batch else set()
-    skip |= set() if pools else {"envpool_pools"}
-    return [k for k in ENVPOOL_VARIANTS if k not in skip] if min(num_envs, cpus) > 1 else []
-
-
-def envpool_options(key: str, num_envs: int, cpus: int) -> dict[str, Any]:
-    """``make_vec``'s options for EnvPool variant ``key`` (:data:`ENVPOOL`: none) on
-    ``cpus`` CPUs: async mode answers ``num_envs // 2`` envs per ``recv``."""
-    if key == "envpool_one_thread":
-        return {"num_threads": 1}
-    if key == "envpool_async":
-        batch = max(1, num_envs // 2)
-        return {"batch_size": batch, "num_threads": max(1, min(batch, cpus - 1))}
-    return {"num_pools": 2, "num_threads": 1} if key == "envpool_pools" else {}
-
-
-def kept_key(choice: LayoutChoice) -> int | str:
-    """The trial's key of ``choice``'s layout: its worker count, or EnvPool's key."""
-    if choice.backend != ENVPOOL:
-        return choice.num_workers
-    options = dict(choice.envpool_options)  # the key whose options these are
-    keys = (ENVPOOL, *ENVPOOL_VARIANTS)
-    return next(k for k in keys if envpool_options(k, choice.num_envs, choice.cpus) == options)
 
 
 def envpool_has(env: Any, env_kwargs: Mapping[str, Any], restart_policy: Any) -> bool:
@@ -331,70 +293,3 @@ def _alike(a: gymnasium.Space, b: gymnasium.Space) -> bool:
     if isinstance(a, gymnasium.spaces.Discrete) and isinstance(b, gymnasium.spaces.Discrete):
         return (a.n, a.start) == (b.n, b.start)
     return True
-
-
-def undecided(times: Mapping[int | str, list[float]]) -> bool:
-    """Whether sync's best time per transition and the fastest other layout's are
-    within :data:`CLOSE` of each other, either way (False where sync is the only one)."""
-    sync = min(times[0])
-    others = [min(t) for key, t in times.items() if key != 0]
-    if not others:
-        return False
-    best = min(others)
-    return max(sync, best) <= CLOSE * min(sync, best)
-
-
-def trial_workers(rule: LayoutChoice) -> list[int]:
-    """The layouts a trial times, as worker counts (0: sync): sync, the rule's workers,
-    and the process backend's default count."""
-    return sorted({0, rule.num_workers, default_num_workers(rule.num_envs, cpus=rule.cpus)})
-
-
-def pick_layout(
-    rule: LayoutChoice, rates: Mapping[int | str, float], *, policy_step_us: float
-) -> LayoutChoice:
-    """The layout with the most env steps/s in the trial (``rates``, by worker count,
-    0 being sync, :data:`ENVPOOL` and :data:`ENVPOOL_VARIANTS`), where it beats sync's
-    by :data:`SYNC_TIE`, else sync (on a tie, the fewer processes; an EnvPool variant
-    must beat EnvPool at its defaults by :data:`VARIANT_TIE`); the choice records every
-    rate and why."""
-    # A variant within VARIANT_TIE of EnvPool's defaults is out of the running (the
-    # fastest of the rest wins, which may be workers faster than EnvPool's defaults).
-    near = VARIANT_TIE * rates.get(ENVPOOL, 0.0)
-    running = [k for k in rates if k not in ENVPOOL_VARIANTS or rates[k] > near]
-    best = max(running, key=lambda key: (rates[key], -_processes(key)))
-    if rates[best] <= SYNC_TIE * rates[0]:
-        best = 0
-    pools = (ENVPOOL, *ENVPOOL_VARIANTS)
-    # sync, the workers by count, then EnvPool at its defaults and its variants
-    order = sorted(rates, key=lambda key: (pools.index(key) + 1 if key in pools else 0, key))
-    tried = ", ".join(f"{_label(key)} {rates[key]:,.0f}" for key in order)
-    backend = ENVPOOL if best in pools else "process" if best else "sync"
-    chosen = envpool_options(str(best), rule.num_envs, rule.cpus)  # {} but for a variant
-    return dataclasses.replace(
-        rule,
-        backend=backend,
-        num_workers=_processes(best),
-        reason=f"{rule.reason}; tried with the policy (env steps/s): {tried}; kept {_label(best)}",
-        tried=tuple((int(key), rates[key]) for key in order if key not in pools),
-        tried_envpool=rates.get(ENVPOOL),
-        policy_step_us=policy_step_us,
-        envpool_options=tuple(chosen.items()),
-        tried_envpool_variants=tuple(
-            (str(key).removeprefix("envpool_"), rates[key])
-            for key in order
-            if key in ENVPOOL_VARIANTS
-        ),
-    )
-
-
-def _processes(key: int | str) -> int:
-    """Processes a layout adds (EnvPool's are threads)."""
-    return 0 if key == ENVPOOL or key in ENVPOOL_VARIANTS else int(key)
-
-
-def _label(key: int | str) -> str:
-    if key == ENVPOOL or key in ENVPOOL_VARIANTS:
-        names = {"envpool_one_thread": "envpool on 1 thread", "envpool_async": "envpool async"}
-        return names.get(str(key), "envpool in 2 pools" if key == "envpool_pools" else ENVPOOL)
-    return "sync" if key == 0 else f"{key} worker{'s' if int(key) > 1 else ''}"

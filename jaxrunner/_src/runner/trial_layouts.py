@@ -1,0 +1,162 @@
+"""The layouts ``EnvRunner.from_env``'s trial times, and how it picks one from their
+rates. See docs/backends/index.md."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from jaxrunner._src.backends.auto import LayoutChoice
+from jaxrunner._src.backends.process.launch import default_num_workers
+
+TRIAL_ROUNDS = 5
+"""Timings per candidate, interleaved, after a warm-up; each one's fastest counts (other
+work slows samples, never speeds them up: docs/backends/index.md)."""
+CLOSE = 1.10
+"""Where the fastest process layout and sync are within this factor after
+:data:`TRIAL_ROUNDS`, as many rounds again are timed."""
+SYNC_TIE = 1.05
+"""Workers must beat sync by this factor to be chosen: on a near tie the simpler
+layout, with no processes to start, wins (and among workers, the fewer)."""
+VARIANT_TIE = CLOSE
+"""An EnvPool variant must beat EnvPool at its defaults by this factor to be chosen:
+they often differ by less than a trial's noise (HalfCheetah at 8 envs won a trial on
+one thread by 5%, then ran 0.90x)."""
+ENVPOOL = "envpool"
+"""The trial's key of the ``"envpool"`` backend (the others are worker counts, 0 sync)."""
+ENVPOOL_VARIANTS = ("envpool_one_thread", "envpool_async", "envpool_pools")
+"""The trial's keys of the ``"envpool"`` backend beyond its defaults (:func:`envpool_options`):
+cheap envs can step faster on one thread (no step handed between threads); async mode on
+a thread fewer than the CPUs, and two pools of one thread each (a split each, in sync
+mode's order), overlap the policy with other envs stepping."""
+SHARE = "share"
+"""The trial's key of the process layout whose main process steps a share of the sub-envs
+as one more worker (:func:`share_layout`): it overlaps the policy with every CPU's
+stepping, but must win by :data:`VARIANT_TIE`, since those sub-envs lose the isolation
+of a worker (as sync's do)."""
+
+
+def envpool_variants(
+    num_envs: int, cpus: int, ready_first: bool = True, pools: bool = True
+) -> list[str]:
+    """The :data:`ENVPOOL_VARIANTS` a trial times, where there are 2 CPUs and 2 envs or
+    more (EnvPool's own count is then more than one thread, and async mode can overlap);
+    async mode where its batches divide the envs and the runner takes ``ready_first``,
+    two pools where it takes their splits (``pools``)."""
+    batch = envpool_options("envpool_async", num_envs, cpus)["batch_size"]
+    skip = {"envpool_async"} if not ready_first or num_envs % batch else set()
+    skip |= set() if pools else {"envpool_pools"}
+    return [k for k in ENVPOOL_VARIANTS if k not in skip] if min(num_envs, cpus) > 1 else []
+
+
+def envpool_options(key: str, num_envs: int, cpus: int) -> dict[str, Any]:
+    """``make_vec``'s options for EnvPool variant ``key`` (:data:`ENVPOOL`: none) on
+    ``cpus`` CPUs: async mode answers ``num_envs // 2`` envs per ``recv``."""
+    if key == "envpool_one_thread":
+        return {"num_threads": 1}
+    if key == "envpool_async":
+        batch = max(1, num_envs // 2)
+        return {"batch_size": batch, "num_threads": max(1, min(batch, cpus - 1))}
+    return {"num_pools": 2, "num_threads": 1} if key == "envpool_pools" else {}
+
+
+def kept_key(choice: LayoutChoice) -> int | str:
+    """The trial's key of ``choice``'s layout: its worker count, :data:`SHARE`, or
+    EnvPool's key."""
+    if choice.backend != ENVPOOL:
+        return SHARE if choice.main_process_envs else choice.num_workers
+    options = dict(choice.envpool_options)  # the key whose options these are
+    keys = (ENVPOOL, *ENVPOOL_VARIANTS)
+    return next(k for k in keys if envpool_options(k, choice.num_envs, choice.cpus) == options)
+
+
+def undecided(times: Mapping[int | str, list[float]]) -> bool:
+    """Whether sync's best time per transition and the fastest other layout's are
+    within :data:`CLOSE` of each other, either way (False where sync is the only one)."""
+    sync = min(times[0])
+    others = [min(t) for key, t in times.items() if key != 0]
+    if not others:
+        return False
+    best = min(others)
+    return max(sync, best) <= CLOSE * min(sync, best)
+
+
+def trial_workers(rule: LayoutChoice) -> list[int]:
+    """The layouts a trial times, as worker counts (0: sync): sync, the rule's workers,
+    and the process backend's default count."""
+    return sorted({0, rule.num_workers, default_num_workers(rule.num_envs, cpus=rule.cpus)})
+
+
+def share_layout(rule: LayoutChoice) -> tuple[int, int] | None:
+    """The :data:`SHARE` layout's workers and main process's share: the rule's workers,
+    less one where they leave the main process no CPU, each with as many sub-envs as
+    the main process; None where the sub-envs are too few."""
+    workers = max(1, min(rule.num_workers, rule.cpus - 1))
+    share = rule.num_envs // (workers + 1)
+    return (workers, share) if share else None
+
+
+def layout_of(rule: LayoutChoice, key: int | str) -> LayoutChoice:
+    """The rule's choice made the layout of trial key ``key`` (a worker count or
+    :data:`SHARE`)."""
+    workers, share = (share_layout(rule) or (0, 0)) if key == SHARE else (int(key), 0)
+    backend = "process" if workers else "sync"
+    return dataclasses.replace(rule, backend=backend, num_workers=workers, main_process_envs=share)
+
+
+def pick_layout(
+    rule: LayoutChoice, rates: Mapping[int | str, float], *, policy_step_us: float
+) -> LayoutChoice:
+    """The layout with the most env steps/s in the trial (``rates``, by worker count,
+    0 being sync, :data:`SHARE`, :data:`ENVPOOL` and :data:`ENVPOOL_VARIANTS`), where it
+    beats sync's by :data:`SYNC_TIE`, else sync (on a tie, the fewer processes; an
+    EnvPool variant must beat EnvPool at its defaults, and the share every layout of
+    sync and workers alone, by :data:`VARIANT_TIE`); the choice records every rate and
+    why."""
+    # A variant within VARIANT_TIE of EnvPool's defaults is out of the running (the
+    # fastest of the rest wins, which may be workers faster than EnvPool's defaults).
+    near = VARIANT_TIE * rates.get(ENVPOOL, 0.0)
+    running = [k for k in rates if k not in ENVPOOL_VARIANTS or rates[k] > near]
+    if SHARE in rates:  # its sub-envs lose their isolation: past a tie with the others
+        if rates[SHARE] <= VARIANT_TIE * max(r for k, r in rates.items() if isinstance(k, int)):
+            running.remove(SHARE)
+    best = max(running, key=lambda key: (rates[key], -_processes(rule, key)))
+    if rates[best] <= SYNC_TIE * rates[0]:
+        best = 0
+    pools = (ENVPOOL, *ENVPOOL_VARIANTS)
+    # sync, the workers by count, the share, then EnvPool at its defaults and its variants
+    rank = (SHARE, *pools)
+    order = sorted(rates, key=lambda key: (rank.index(key) + 1 if key in rank else 0, key))
+    tried = ", ".join(f"{label(key)} {rates[key]:,.0f}" for key in order)
+    chosen = envpool_options(str(best), rule.num_envs, rule.cpus)  # {} but for a variant
+    layout = layout_of(rule, 0 if best in pools else best)
+    return dataclasses.replace(
+        layout,
+        backend=ENVPOOL if best in pools else layout.backend,
+        reason=f"{rule.reason}; tried with the policy (env steps/s): {tried}; kept {label(best)}",
+        tried=tuple((key, rates[key]) for key in order if isinstance(key, int)),
+        tried_share=rates.get(SHARE),
+        tried_envpool=rates.get(ENVPOOL),
+        policy_step_us=policy_step_us,
+        envpool_options=tuple(chosen.items()),
+        tried_envpool_variants=tuple(
+            (str(key).removeprefix("envpool_"), rates[key])
+            for key in order
+            if key in ENVPOOL_VARIANTS
+        ),
+    )
+
+
+def _processes(rule: LayoutChoice, key: int | str) -> int:
+    """Processes a layout adds (EnvPool's are threads)."""
+    return 0 if key == ENVPOOL or key in ENVPOOL_VARIANTS else layout_of(rule, key).num_workers
+
+
+def label(key: int | str) -> str:
+    if key == SHARE:
+        return "workers with the main process's share"
+    if key == ENVPOOL or key in ENVPOOL_VARIANTS:
+        names = {"envpool_one_thread": "envpool on 1 thread", "envpool_async": "envpool async"}
+        return names.get(str(key), "envpool in 2 pools" if key == "envpool_pools" else ENVPOOL)
+    return "sync" if key == 0 else f"{key} worker{'s' if int(key) > 1 else ''}"
