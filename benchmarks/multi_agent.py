@@ -13,7 +13,9 @@ median of the per-round ratios. Each child's dispatch mode is in the report.
   defaults (one worker per CPU, two pipelining splits from 2 envs);
   ``jaxrunner_process_2splits``: the process backend with ``num_splits=2`` named
   (one split's policy steps while the other's envs step: the default since
-  ``multi_agent_host_quiet_cpu.json``, kept to compare with that run).
+  ``multi_agent_host_quiet_cpu.json``, kept to compare with that run);
+  ``jaxrunner_auto``: ``EnvRunner.from_env(make_env, ...)`` at its defaults, the layout
+  its trial of the policy keeps (the trial is in the child's build, not its rates).
   ``hand_loop``: ``jaxrunner._src.bench.MultiAgentHandLoop``, a list of the same PettingZoo
   envs; per step the agents' observations stacked into one ``[B * 3, 18]`` array, one
   jitted policy call (the benchmark MLP: actions and log-probs), ``np.asarray``,
@@ -88,6 +90,21 @@ def jaxrunner_host(
     envs = jr.make_vec(make_env, num_envs, backend)
     policy, params = _policy()
     runner = jr.EnvRunner(envs, policy, params, rollout, seed=0, num_splits=num_splits)
+    runner.sample()  # warm-up
+
+    def step() -> int:
+        runner.sample()
+        return rollout * num_envs
+
+    return step, runner.stop
+
+
+def jaxrunner_auto_host(
+    num_envs: int, rollout: int
+) -> tuple[Callable[[], int], Callable[[], None]]:
+    policy, params = _policy()
+    runner = jr.EnvRunner.from_env(make_env, num_envs, policy, params, rollout, seed=0)
+    print(f"from_env: {runner.envs.layout_choice.reason}", file=sys.stderr)
     runner.sample()  # warm-up
 
     def step() -> int:
@@ -211,6 +228,8 @@ def build(part: str, name: str, width: int, rollout: int) -> tuple[Callable[[], 
             return hand_loop_host(width, rollout)
         if name.startswith("puffer"):
             return puffer_host(name, width, rollout)
+        if name == "jaxrunner_auto":
+            return jaxrunner_auto_host(width, rollout)
         backend, num_splits = {
             "jaxrunner": ("sync", None),
             "jaxrunner_process": ("process", None),
@@ -350,7 +369,13 @@ def main() -> None:
         child(args.part, args.child, args.widths[0], rollout)
         return
     names: tuple[str, ...] = (
-        ("jaxrunner", "jaxrunner_process", "jaxrunner_process_2splits", "hand_loop")
+        (
+            "jaxrunner",
+            "jaxrunner_process",
+            "jaxrunner_process_2splits",
+            "jaxrunner_auto",
+            "hand_loop",
+        )
         if host
         else ("jaxrunner", "hand_scan")
     )

@@ -131,6 +131,8 @@ def test_the_trial_adds_the_process_default_where_it_differs():
     assert rule.num_workers == 2
     assert trial_workers(rule) == [0, 2, 4]
     assert trial_workers(choose_layout(ATARI_US, 8, cpus=2)) == [0, 1]
+    # A multi-agent env's main process waits while its workers step: a worker per CPU.
+    assert trial_workers(choose_layout(ATARI_US, 8, cpus=2), multi_agent=True) == [0, 1, 2]
 
 
 def test_the_trial_leaves_callbacks_alone(monkeypatch):
@@ -455,7 +457,8 @@ def test_the_trial_times_a_pettingzoo_factory_too(monkeypatch, winner):
     with jr.EnvRunner.from_env(coming_and_going, 4, policy, params, ROLLOUT, 3) as runner:
         choice = runner.envs.layout_choice
         got = runner.sample()
-    assert len(picked) == 1 and set(picked[0]) == {0, 2, SHARE} and min(picked[0].values()) > 0
+    # The process backend's default for a multi-agent env: a worker per CPU (3).
+    assert len(picked) == 1 and set(picked[0]) == {0, 2, 3, SHARE} and min(picked[0].values()) > 0
     assert choice is not None and runner.multi_agent
     layout = (2, 1) if winner == SHARE else (winner, 0)  # the share: a third of 4 envs
     assert (choice.num_workers, choice.main_process_envs) == layout

@@ -130,7 +130,7 @@ def from_env(
             if choice.backend == "process" or envpool:  # either kind of env: sync or workers
                 choice = _trial(
                     runner_cls, choice, build, env, num_envs, policy, params,
-                    rollout_length, seed, runner_options, envpool,
+                    rollout_length, seed, runner_options, envpool, multi_agent,
                 )  # fmt: skip
         backend, config = choice.backend, choice.process_config()
     envs = build(backend, config, **dict(choice.envpool_options if choice else ()))
@@ -165,6 +165,7 @@ def _trial(
     seed: int,
     runner_options: dict[str, Any],
     envpool: bool = False,
+    multi_agent: bool = False,
 ) -> LayoutChoice:
     """Times sync against the process layouts of :func:`trial_workers` and
     :func:`share_layout` (where the rule chose workers) and, with ``envpool``, the
@@ -180,7 +181,7 @@ def _trial(
     failed: dict[int | str, Exception] = {}
     keys: list[int | str] = [0]
     if rule.backend == "process":
-        keys = [*trial_workers(rule), *([SHARE] if share_layout(rule) else [])]
+        keys = [*trial_workers(rule, multi_agent), *([SHARE] if share_layout(rule) else [])]
     if envpool:
         ready_first = takes_loop_options(runner_options.get("callbacks"), options.get("num_splits"))
         pools = options.get("num_splits") in (None, 1, 2)  # a pool per split, or one split

@@ -82,10 +82,13 @@ def undecided(times: Mapping[int | str, list[float]]) -> bool:
     return max(sync, best) <= CLOSE * min(sync, best)
 
 
-def trial_workers(rule: LayoutChoice) -> list[int]:
+def trial_workers(rule: LayoutChoice, multi_agent: bool = False) -> list[int]:
     """The layouts a trial times, as worker counts (0: sync): sync, the rule's workers,
-    and the process backend's default count."""
-    return sorted({0, rule.num_workers, default_num_workers(rule.num_envs, cpus=rule.cpus)})
+    and the process backend's default count (a multi-agent env's: every CPU, as its
+    main process waits while the workers step)."""
+    main = "waits" if multi_agent else "computes"
+    default = default_num_workers(rule.num_envs, main_process=main, cpus=rule.cpus)
+    return sorted({0, rule.num_workers, default})
 
 
 def share_layout(rule: LayoutChoice) -> tuple[int, int] | None:
