@@ -67,6 +67,8 @@ import jaxrunner as jr
 from jaxrunner._src import bench
 
 NUM_AGENTS = 3
+LAYOUTS: dict[str, str] = {}
+"""What ``EnvRunner.from_env`` chose in this child, and why (``jaxrunner_auto``)."""
 ASYNC_DISPATCH_ENV = "JAX_CPU_ENABLE_ASYNC_DISPATCH"
 
 
@@ -104,7 +106,7 @@ def jaxrunner_auto_host(
 ) -> tuple[Callable[[], int], Callable[[], None]]:
     policy, params = _policy()
     runner = jr.EnvRunner.from_env(make_env, num_envs, policy, params, rollout, seed=0)
-    print(f"from_env: {runner.envs.layout_choice.reason}", file=sys.stderr)
+    LAYOUTS["jaxrunner_auto"] = runner.envs.layout_choice.reason
     runner.sample()  # warm-up
 
     def step() -> int:
@@ -252,6 +254,7 @@ def child(part: str, name: str, width: int, rollout: int) -> None:
     reply = {
         "ready": True,
         "cpu_dispatch": "inline" if jr.cpu_dispatch.inline_cpu_dispatch() else "async",
+        "layout": LAYOUTS.get(name),
     }
     print(json.dumps(reply), file=replies, flush=True)
     for line in sys.stdin:
@@ -281,7 +284,8 @@ class Child:
         self.proc = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
         )
-        self.cpu_dispatch = self._read()["cpu_dispatch"]
+        ready = self._read()
+        self.cpu_dispatch, self.layout = ready["cpu_dispatch"], ready.get("layout")
 
     def _read(self) -> dict[str, Any]:
         line = self.proc.stdout.readline()  # type: ignore[union-attr]
@@ -347,6 +351,7 @@ def interleaved(
         "ratio": {name: statistics.median(r) for name, r in ratios.items()},
         "ratios": ratios,
         "cpu_dispatch": {name: c.cpu_dispatch for name, c in children.items()},
+        "layouts": {name: c.layout for name, c in children.items() if c.layout},
     }
 
 
@@ -404,6 +409,7 @@ def _row(width: int, out: dict[str, Any], reference: str) -> dict[str, Any]:
         **{f"{name}_ratio_vs_{reference}": r for name, r in out["ratio"].items()},
         **{f"{name}_ratios_vs_{reference}_per_round": r for name, r in out["ratios"].items()},
         **out["vs_peers"],
+        **{f"{name}_layout": layout for name, layout in out["layouts"].items()},
     }
 
 
