@@ -20,12 +20,14 @@ from jaxrunner._src.runner.trial_layouts import (
     SHARE,
     SYNC_TIE,
     VARIANT_TIE,
+    WORKERS_TRIED_FROM_US,
     envpool_options,
     envpool_variants,
     kept_key,
     pick_layout,
     share_layout,
     trial_workers,
+    worth_timing,
 )
 from jaxrunner.errors import ClosedError, InvalidArgumentError, InvalidArgumentTypeError
 from jaxrunner.multi_agent import AgentCallbacks
@@ -38,6 +40,12 @@ def costly(probe: Any, seed: int | None, **_: Any) -> float:
     """Stands in for the probe's measurement: a costly env (the probe closed, as it is)."""
     probe.close()
     return ATARI_US
+
+
+def cheap(probe: Any, seed: int | None, **_: Any) -> float:
+    """A cheap env's step, as CartPole's (5 us)."""
+    probe.close()
+    return 5.0
 
 
 ROLLOUT = 16
@@ -83,12 +91,45 @@ def test_cheap_envs_stay_in_one_process_without_a_trial(monkeypatch):
 
     monkeypatch.setattr(auto_layout, "_trial", no_trial)
     monkeypatch.setattr(auto_layout, "envpool_has", lambda *args: False)  # EnvPool has it
+    monkeypatch.setattr(auto, "measure_env_step_us", cheap)  # (a loaded probe: not cheap)
     policy, params = _policy_and_params()
     with jr.EnvRunner.from_env("CartPole-v1", 4, policy, params, ROLLOUT, 3) as runner:
         choice = runner.envs.layout_choice
         assert choice is not None and choice.backend == "sync" and choice.tried == ()
         assert "under the 300 us" in choice.reason
         assert "policy_step_us" not in runner.get_metrics()["auto"]
+
+
+def test_near_the_rules_line_the_trial_times_a_worker(monkeypatch):
+    """4 envs of 30 us: 120 us of work, under the rule's 300 us but over the 75 us from
+    which the trial times sync against a worker (and the share); the rates decide."""
+    monkeypatch.setattr(auto, "measure_env_step_us", lambda probe, *a, **k: probe.close() or 30.0)
+    monkeypatch.setattr(auto, "available_cpus", lambda: 2)
+    timed: list[set[int | str]] = []
+    real_pick = auto_layout.pick_layout
+
+    def rigged(rule, rates, *, policy_step_us):
+        timed.append(set(rates))
+        return real_pick(rule, {0: 1.0, 1: 2.0, SHARE: 1.0}, policy_step_us=policy_step_us)
+
+    monkeypatch.setattr(auto_layout, "pick_layout", rigged)
+    policy, params = _policy_and_params()
+    with jr.EnvRunner.from_env(short_cartpole, 4, policy, params, ROLLOUT, 3) as runner:
+        choice = runner.envs.layout_choice
+        got = _fields(runner.sample())
+    assert timed == [{0, 1, SHARE}] and choice is not None
+    assert (choice.backend, choice.num_workers, choice.main_process_envs) == ("process", 1, 0)
+    assert "over the 75 us from which the trial times one" in choice.reason
+    assert_trees_equal(got, _by_hand("process", choice.process_config(), 4), "near the line")
+
+
+def test_worth_timing_makes_a_worker_of_sync_only_near_the_line_with_a_spare_cpu():
+    unmeasured = dataclasses.replace(choose_layout(5.0, 4, 2), env_step_us=float("nan"))
+    for rule in [choose_layout(5.0, 4, 2), choose_layout(30.0, 4, 1), unmeasured]:
+        assert worth_timing(rule) is rule  # cheap, no spare CPU, unmeasured
+    assert worth_timing(rule := choose_layout(ATARI_US, 4, 2)) is rule  # the rule's workers
+    near = worth_timing(choose_layout(WORKERS_TRIED_FROM_US / 4, 4, 2))  # right on the line
+    assert (near.backend, near.num_workers) == ("process", 1)
 
 
 @pytest.mark.parametrize("winner", [0, 1, 2, SHARE])

@@ -600,7 +600,7 @@ def test_ray_sub_env_calls_time_out_as_steps_do():
     new sub-env naps again, for the next way of asking)."""
     # A deadline far above a loaded machine's answer times (ms), and a nap far above it.
     fns = [functools.partial(napping, i, 60.0 if i == 2 else 0.0) for i in range(4)]
-    config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1, step_timeout_s=3.0)
+    config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1, step_timeout_s=1.5)
     asks = {
         "call": lambda vec: vec.call("nap"),
         "get_attr": lambda vec: vec.get_attr("drowsy"),
@@ -613,7 +613,7 @@ def test_ray_sub_env_calls_time_out_as_steps_do():
             method = "call" if ask == "handle" else ask
             match = (
                 r"Ray env actor 1 \(sub-envs 2\.\.3\) did not answer "
-                rf"{method}\(\) within step_timeout_s=3\.0s; it is treated as dead"
+                rf"{method}\(\) within step_timeout_s=1\.5s; it is treated as dead"
             )
             start = time.monotonic()
             with pytest.raises(jr.errors.RemoteTimeoutError, match=match) as caught:

@@ -39,6 +39,7 @@ from jaxrunner._src.runner.trial_layouts import (
     share_layout,
     trial_workers,
     undecided,
+    worth_timing,
 )
 from jaxrunner._src.samplers.callbacks import Callbacks
 from jaxrunner.errors import InvalidArgumentError
@@ -127,6 +128,7 @@ def from_env(
                 env, env_kwargs, num_envs, seed, restart_policy, caller
             )
             envpool = not multi_agent and envpool_has(env, env_kwargs, restart_policy)
+            choice = worth_timing(choice)
             if choice.backend == "process" or envpool:  # either kind of env: sync or workers
                 choice = _trial(
                     runner_cls, choice, build, env, num_envs, policy, params,

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from jaxrunner._src.backends.auto import LayoutChoice
+from jaxrunner._src.backends.auto import MIN_WORK_US, LayoutChoice
 from jaxrunner._src.backends.process.launch import default_num_workers
 
 TRIAL_ROUNDS = 5
@@ -30,11 +30,16 @@ ENVPOOL_VARIANTS = ("envpool_one_thread", "envpool_async", "envpool_pools")
 cheap envs can step faster on one thread (no step handed between threads); async mode on
 a thread fewer than the CPUs, and two pools of one thread each (a split each, in sync
 mode's order), overlap the policy with other envs stepping."""
+WORKERS_TRIED_FROM_US = MIN_WORK_US / 4
+"""Env work per vector step from which the trial times a worker where the env-only rule
+keeps sync: the policy's cost moves the line, which the rule drew without one (on 2
+cores, one worker ran 1.14x sync at 16 CartPoles, 78 us of work, with the benchmark
+MLP, and 0.88x at 8: docs/backends/index.md)."""
 SHARE = "share"
 """The trial's key of the process layout whose main process steps a share of the sub-envs
-as one more worker (:func:`share_layout`): it overlaps the policy with every CPU's
-stepping, but must win by :data:`VARIANT_TIE`, since those sub-envs lose the isolation
-of a worker (as sync's do)."""
+as one more worker (:func:`share_layout`): every CPU steps envs, while the policy of one
+split computes as the other's step; it must win by :data:`VARIANT_TIE`, since those
+sub-envs lose a worker's isolation (as sync's do)."""
 
 
 def envpool_variants(
@@ -91,10 +96,24 @@ def trial_workers(rule: LayoutChoice, multi_agent: bool = False) -> list[int]:
     return sorted({0, rule.num_workers, default})
 
 
+def worth_timing(rule: LayoutChoice) -> LayoutChoice:
+    """The rule, or where it keeps sync for work from :data:`WORKERS_TRIED_FROM_US` on
+    (and a CPU is spare), the rule made one worker for the trial to time."""
+    work_us = rule.env_step_us * rule.num_envs  # (NaN where the probe failed: sync)
+    if rule.backend != "sync" or rule.cpus < 2 or not work_us >= WORKERS_TRIED_FROM_US:
+        return rule
+    reason = (
+        f"{work_us:,.0f} us of env work per step: under the {MIN_WORK_US:,.0f} us from "
+        f"which the rule starts a worker, over the {WORKERS_TRIED_FROM_US:,.0f} us from "
+        "which the trial times one"
+    )
+    return dataclasses.replace(rule, backend="process", num_workers=1, reason=reason)
+
+
 def share_layout(rule: LayoutChoice) -> tuple[int, int] | None:
     """The :data:`SHARE` layout's workers and main process's share: the rule's workers,
-    less one where they leave the main process no CPU, each with as many sub-envs as
-    the main process; None where the sub-envs are too few."""
+    less one where they leave the main process no CPU, and a share of the sub-envs as
+    large as a worker's (``num_envs // (workers + 1)``); None where that is none."""
     workers = max(1, min(rule.num_workers, rule.cpus - 1))
     share = rule.num_envs // (workers + 1)
     return (workers, share) if share else None
