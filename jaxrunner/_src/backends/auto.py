@@ -81,7 +81,8 @@ class LayoutChoice:
 
     def metrics(self) -> dict[str, int | float]:
         """The choice as numbers, for ``get_metrics()`` and metric loggers (which take
-        no strings): ``process`` is 1 where the workers were chosen, else 0 (and, where
+        no strings): ``process`` is 1 where the workers were chosen, else 0 (where the
+        share was tried, ``main_process_envs`` its sub-envs if chosen, else 0; where
         EnvPool was tried, ``envpool`` 1 where it was chosen)."""
         metrics: dict[str, int | float] = {
             "process": int(self.backend == "process"),
