@@ -777,3 +777,53 @@ def test_a_pool_raises_glibcs_arena_limit_before_its_threads_allocate() -> None:
     malloc_arenas.allow_an_arena_per_thread.cache_clear()
     with closing(jr.make_vec("CartPole-v1", 2, "envpool", batch_size=1)):
         assert malloc_arenas.allow_an_arena_per_thread.cache_info().currsize == 1
+
+
+def test_a_step_recorded_while_the_next_one_runs_is_the_step_recorded_before_it() -> None:
+    """EnvPool's answers hold until the next recv, so the lockstep loop records step t
+    after sending step t + 1's actions; where per-step callbacks read each step, it
+    records first. Both orders sample the same trajectories, sample after sample."""
+    envs = _envpool(4)
+    assert envs.capabilities.answers_held and envs.capabilities.steps_in_background
+    policy = jr.models.mlp_policy(envs.single_action_space)
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+
+    class Steps(jr.Callbacks):  # a per-step hook: the loop records each step first
+        def on_episode_step(self, runner, env_index, live):
+            pass
+
+    got = {}
+    for name, callbacks in (("late", None), ("first", Steps())):
+        with jr.EnvRunner(_envpool(4), policy, params, 8, seed=SEED, callbacks=callbacks) as r:
+            got[name] = [r.sample() for _ in range(3)]
+    envs.close()
+    for late, first in zip(got["late"], got["first"]):
+        assert_trees_equal(late, first, "recorded while the next step runs")
+
+
+def test_a_send_that_fails_after_a_step_keeps_that_step(monkeypatch) -> None:
+    """The 4th send (step 3's actions) raises: steps 0 to 2 were recorded, step 2 after
+    that send was tried, and come back as the error's partial trajectory, equal to a
+    clean sample's first 3 steps."""
+    from jaxrunner._src.backends.envpool import EnvPoolVectorEnv
+
+    policy = jr.models.mlp_policy(gymnasium.spaces.Discrete(2))
+    params = policy.init(jax.random.key(0), gymnasium.spaces.Box(-np.inf, np.inf, (4,)))
+    with jr.EnvRunner(_envpool(4), policy, params, 8, seed=SEED) as runner:
+        clean = runner.sample()
+    sends = []
+    real = EnvPoolVectorEnv._check_actions
+
+    def failing(self, actions):
+        sends.append(1)
+        if len(sends) == 4:
+            raise InvalidArgumentError("step 3's actions refused (the test's)")
+        return real(self, actions)
+
+    monkeypatch.setattr(EnvPoolVectorEnv, "_check_actions", failing)
+    with jr.EnvRunner(_envpool(4), policy, params, 8, seed=SEED) as runner:
+        with pytest.raises(InvalidArgumentError, match="the test's") as caught:
+            runner.sample()
+    partial = caught.value.partial_trajectory
+    assert partial is not None and partial.reward.shape == (3, 4)
+    assert_trees_equal(partial, jax.tree.map(lambda x: x[:3], clean), "the steps before it")

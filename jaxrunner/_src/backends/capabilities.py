@@ -22,6 +22,11 @@ class Capabilities:
     lockstep sampler sends a split's actions as soon as they are computed. Otherwise
     the backend steps at ``recv``, and the sampler sends a split's actions just before
     it receives that split, so the policy overlaps the other splits' envs either way."""
+    answers_held: bool = False
+    """With ``steps_in_background``: each ``recv`` answers in buffers nothing writes until
+    the next ``recv`` of its envs (the backend's own copies, not ones its envs step
+    into), so the lockstep sampler records a step after sending the next actions, while
+    the envs step (EnvPool)."""
     ready_first: bool = False
     """``recv`` answers whichever sent envs are ready, not the sends in order: the
     runner samples with the ready-first sampler."""

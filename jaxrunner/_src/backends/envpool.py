@@ -83,7 +83,7 @@ class EnvPoolVectorEnv(NoSubEnvAccess, GymnasiumVectorEnv):
         self._sending = False  # keep_reset_steps: a send is stepping in EnvPool
         if self.keep_reset_steps:
             self.capabilities = Capabilities(
-                whole_batch=True, reset_steps=True, steps_in_background=True
+                whole_batch=True, reset_steps=True, steps_in_background=True, answers_held=True
             )
             self.metadata = {**self.metadata, "autoreset_mode": AutoresetMode.NEXT_STEP}
 

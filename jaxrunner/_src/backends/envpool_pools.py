@@ -55,6 +55,7 @@ class EnvPoolPoolsVectorEnv(NoSubEnvAccess, VectorEnv):
         self.capabilities = Capabilities(
             reset_steps=first.capabilities.reset_steps,
             steps_in_background=first.capabilities.steps_in_background,
+            answers_held=first.capabilities.answers_held,  # (each pool's rows: its own)
             pipeline_bounds=self.bounds,
             whole_blocks=True,
         )

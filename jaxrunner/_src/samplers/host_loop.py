@@ -52,8 +52,7 @@ class HostLoop:
         callbacks: AgentCallbacks | Callbacks | None = None,
         runner: Any = None,
     ) -> None:
-        self.envs, self.rollout_length = envs, setup.rollout_length
-        self.metrics = setup.metrics
+        self.envs, self.rollout_length, self.metrics = envs, setup.rollout_length, setup.metrics
         num_envs = envs.num_envs
         ready_first = envs.capabilities.ready_first  # (its options checked by the runner)
         costs = {g.policy_id: group_cost(g, setup, num_envs) for g in envs.groups}
@@ -69,13 +68,7 @@ class HostLoop:
         self.groups: dict[str, GroupSampler] = {}
         self._infos = None
         if setup.info_keys:  # one recorder of the names, shared by the groups
-            hook = (  # where else a runner's user reads an entry that is not a number
-                "Callbacks.on_episode_step: live.infos[-1] is the step's info"
-                if self._one_agent
-                else "AgentCallbacks.on_episode_step: episode.infos[-1] is the step's per-agent "
-                "infos"
-            )
-            self._infos = InfoRecorder(setup.info_keys, f"read this one in a callback ({hook})")
+            self._infos = InfoRecorder(setup.info_keys, self._one_agent)
         offset = 0
         for group in envs.groups:
             pid = group.policy_id
@@ -135,9 +128,7 @@ class HostLoop:
         ro = self._open() if self.ready_first is None else self.ready_first.rollout()
         for pid, gs in self.groups.items():
             gs.begin(ro.leaves[pid])
-        traj = ro.traj
-        self._rows = self.rows_view(traj)  # what live episodes read their steps from
-        self._rows_of = traj
+        self._rows, self._rows_of = self.rows_view(ro.traj), ro.traj  # what live episodes read
         perf = dict.fromkeys(PERF_KEYS, 0.0)
         start_time = perf_counter()
         self._steps = 0
@@ -181,9 +172,12 @@ class HostLoop:
         """Every split steps in turn, answered in the order sent; ``self._steps`` counts
         the steps every env has recorded. A backend that steps at ``recv`` (in this
         thread) gets a split's actions just before it steps, so each split's policy
-        step computes while the other splits' envs step."""
+        step computes while the other splits' envs step; where the answers hold
+        (``answers_held``), step t is recorded while step t + 1 runs (unless per-step
+        callbacks read it)."""
         num_steps, num_envs, recv = self.rollout_length, self._num_envs, self.envs.recv
         defer = not self.envs.capabilities.steps_in_background
+        late = not defer and self.envs.capabilities.answers_held and self._live is None
         last = self._last.groups
         for rows in self.splits:
             lo, hi = rows.start, rows.stop
@@ -199,10 +193,15 @@ class HostLoop:
                 clock = perf_counter()
                 out = recv()
                 perf["env_wait_ms"] += perf_counter() - clock
-                self._record(ro, lo, hi, out, perf, t)
-                if hi == num_envs:  # every env has recorded step t (before a send can fail)
-                    self._steps = t + 1
-                if t + 1 < num_steps:
+                try:
+                    if ahead := late and t + 1 < num_steps:
+                        self._dispatch(params, lo, hi, out.groups, perf)
+                        self._send(lo, hi, perf, t + 1)
+                finally:  # (step t is kept, whatever the policy or the send raised)
+                    self._record(ro, lo, hi, out, perf, t)
+                    if hi == num_envs:  # every env has recorded step t
+                        self._steps = t + 1
+                if t + 1 < num_steps and not ahead:
                     self._dispatch(params, lo, hi, out.groups, perf)
                     if not defer:
                         self._send(lo, hi, perf, t + 1)

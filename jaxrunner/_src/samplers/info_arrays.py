@@ -50,11 +50,17 @@ class InfoRecorder:
     """Records the named entries of each step's infos (or, for :data:`ALL`, every
     numeric entry) into a trajectory buffer's extras: float64 ``[T, B]`` values and
     masks (``[T, B, A_g]`` for an agent group: see :meth:`share`); a dotted name reaches
-    into a dict entry, and where an episode ended the info is the final step's.
-    ``elsewhere`` (how else to read an entry that is not a number) words its errors."""
+    into a dict entry, and where an episode ended the info is the final step's. Its
+    errors say how else a runner's user reads an entry that is not a number (in a
+    callback: ``one_agent``'s or an agent group's)."""
 
-    def __init__(self, keys: InfoKeys, elsewhere: str) -> None:
-        self._elsewhere = elsewhere
+    def __init__(self, keys: InfoKeys, one_agent: bool) -> None:
+        hook = (
+            "Callbacks.on_episode_step: live.infos[-1] is the step's info"
+            if one_agent
+            else "AgentCallbacks.on_episode_step: episode.infos[-1] is the step's per-agent infos"
+        )
+        self._elsewhere = f"read this one in a callback ({hook})"
         self._label: Callable[[int], str] = "sub-env {}".format  # how errors name a row
         self.every = keys == ALL  # info_keys="all": self.keys grows as entries are reported
         self.keys: list[str] = [] if self.every else list(keys)
