@@ -827,3 +827,26 @@ def test_a_send_that_fails_after_a_step_keeps_that_step(monkeypatch) -> None:
     partial = caught.value.partial_trajectory
     assert partial is not None and partial.reward.shape == (3, 4)
     assert_trees_equal(partial, jax.tree.map(lambda x: x[:3], clean), "the steps before it")
+
+
+@pytest.mark.parametrize("pools", [1, 2])
+def test_an_answer_holds_while_the_next_step_runs(pools: int) -> None:
+    """``answers_held``: a recv's arrays stay as they were while the next send steps,
+    until the next recv (EnvPool writes each step into the adapter's buffers at recv)."""
+    import time
+
+    envs = _envpool(4, max_episode_steps=3, **({"num_pools": pools} if pools > 1 else {}))
+    assert envs.capabilities.answers_held
+    with closing(envs):
+        envs.reset_batch([SEED + i for i in range(4)])
+        rng = np.random.default_rng(SEED)
+        envs.send(rng.integers(0, 2, 4))
+        for t in range(8):
+            out = envs.recv()
+            fields = (out.obs, out.reward, out.terminated, out.truncated, out.reset_rows)
+            held = [None if x is None else np.array(x) for x in fields]
+            envs.send(rng.integers(0, 2, 4))
+            time.sleep(0.005)  # EnvPool's threads step meanwhile
+            for x, copy in zip(fields, held):
+                np.testing.assert_array_equal(x, copy, f"step {t}: an answer changed")
+        envs.recv()
