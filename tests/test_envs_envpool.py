@@ -821,9 +821,9 @@ def test_a_send_that_fails_after_a_step_keeps_that_step(monkeypatch) -> None:
         return real(self, actions)
 
     monkeypatch.setattr(EnvPoolVectorEnv, "_check_actions", failing)
-    with jr.EnvRunner(_envpool(4), policy, params, 8, seed=SEED) as runner:
-        with pytest.raises(InvalidArgumentError, match="the test's") as caught:
-            runner.sample()
+    runner = jr.EnvRunner(_envpool(4), policy, params, 8, seed=SEED)
+    with runner, pytest.raises(InvalidArgumentError, match="the test's") as caught:
+        runner.sample()
     partial = caught.value.partial_trajectory
     assert partial is not None and partial.reward.shape == (3, 4)
     assert_trees_equal(partial, jax.tree.map(lambda x: x[:3], clean), "the steps before it")
