@@ -80,7 +80,8 @@ def from_env(
 
     With ``backend="auto"`` (the default) the layout is chosen with the policy
     timed (docs/backends/index.md): where ``make_vec``'s env-only rule would start
-    workers, or EnvPool has the env id, a short trial runs this policy on each
+    workers (or the env work per step is near its line: :func:`worth_timing`), or
+    EnvPool has the env id, a short trial runs this policy on each
     candidate and keeps the fastest (``get_metrics()["auto"]`` and
     ``runner.envs.layout_choice`` report the rates and why). The trajectories are
     exactly those of the chosen layout built by hand, with the same seed. A PettingZoo
@@ -170,7 +171,8 @@ def _trial(
     multi_agent: bool = False,
 ) -> LayoutChoice:
     """Times sync against the process layouts of :func:`trial_workers` and
-    :func:`share_layout` (where the rule chose workers) and, with ``envpool``, the
+    :func:`share_layout` (where the rule chose workers, or :func:`worth_timing` one)
+    and, with ``envpool``, the
     ``"envpool"`` backend, with the policy;
     returns the fastest (:func:`pick_layout`). A layout other than sync that fails is
     dropped, with a warning; a failure of sync is the env's, and raises."""
