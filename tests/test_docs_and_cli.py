@@ -139,7 +139,7 @@ def test_bench_plot_without_matplotlib_names_the_extra_before_measuring(
     assert not (tmp_path / "bench.png").exists()
 
 
-def test_bench_on_a_pettingzoo_env_times_the_multi_agent_runner_on_both_backends(
+def test_bench_on_a_pettingzoo_env_times_the_multi_agent_runner_on_every_backend(
     capsys, monkeypatch, tmp_path
 ):
     pytest.importorskip("mpe2")
@@ -155,10 +155,12 @@ def test_bench_on_a_pettingzoo_env_times_the_multi_agent_runner_on_both_backends
         "module": "mpe2.simple_spread_v3",
         "agents": ["agent_0", "agent_1", "agent_2"],
     }
-    assert report["config"]["backends"] == ["sync", "process"] and report["skipped"] == {}
+    assert report["config"]["backends"] == ["sync", "process", "auto"]
+    assert report["skipped"] == {}
     assert [(row["backend"], row["num_envs"]) for row in report["results"]] == [
         ("sync", 2),
         ("process", 2),
+        ("auto", 2),  # EnvRunner.from_env: its trial's choice
     ]
     for row in report["results"]:
         assert row["errors"] == {} and row["rollout_length"] == 16
@@ -180,10 +182,12 @@ def test_bench_on_a_pettingzoo_env_times_the_multi_agent_runner_on_both_backends
         assert split["env_us"] > 0 and split["policy_us"] > 0 and split["total_us"] > 0
         assert row["ceiling"] is None
     assert report["results"][1]["layout"]["num_workers"] >= 1
+    choice = report["results"][2]["layout"]["auto"]  # what from_env chose, and why
+    assert choice["backend"] in ("sync", "process") and "tried with the policy" in choice["reason"]
     # The text: what was measured, a table per backend without ceiling columns, the verdict.
     assert text.startswith("mpe2:simple_spread_v3 (3 agents: agent_0, agent_1, agent_2);")
     assert "jaxrunner: EnvRunner.sample() as a user runs it" in text
-    for backend in ("sync", "process"):
+    for backend in ("sync", "process", "auto"):
         assert f"backend {backend}: jaxrunner EnvRunner against the hand loop" in text
     assert "ceiling" not in text
     assert text.rstrip().splitlines()[-1] == report["verdict"]
@@ -194,8 +198,8 @@ def test_bench_on_a_pettingzoo_env_refuses_a_single_agent_backend(capsys):
     pytest.importorskip("mpe2")
     assert cli.main(["bench", "--env", "mpe2:simple_spread_v3", "--backend", "gymnasium"]) == 2
     err = capsys.readouterr().err
-    assert "expected some of ['sync', 'process'] (those that step PettingZoo envs)" in err
-    assert err.rstrip().endswith("Check --backend (sync, process or all for this env).")
+    assert "expected some of ['sync', 'process', 'auto'] (those that step PettingZoo envs)" in err
+    assert err.rstrip().endswith("Check --backend (sync, process, auto or all for this env).")
 
 
 def test_bench_tells_a_pettingzoo_env_from_a_gymnasium_id():

@@ -58,9 +58,10 @@ MULTI_AGENT_PLANS: dict[str, Plan] = {
         ceiling=False,
         multi_agent=True,
     )
-    for backend in ("sync", "process")
+    for backend in ("sync", "process", "auto")
 }
-"""The plans for a PettingZoo env: its hand loop is the reference of both backends."""
+"""The plans for a PettingZoo env: its hand loop is the reference of every backend
+(``auto``: the layout ``EnvRunner.from_env`` keeps)."""
 
 
 class Harness:

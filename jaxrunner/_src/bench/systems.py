@@ -3,6 +3,7 @@ policy-bound ceiling."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -158,23 +159,32 @@ class MultiAgentRunnerSystem(JaxrunnerSystem):
 
     @staticmethod
     def _build(spec: Spec) -> EnvRunner:
-        envs = make_vec(env_factory(spec.env), spec.num_envs, spec.backend)
-        try:
-            policies = {g.policy_id: mlp_policy(g.action_space) for g in envs.groups}
-            key = jax.random.key(spec.seed)
-            params = {
-                g.policy_id: policies[g.policy_id].init(key, g.observation_space)
-                for g in envs.groups
-            }
-            return EnvRunner(
-                envs, policies, params, spec.rollout_length, spec.seed, **_runner_options(spec)
+        factory, options = env_factory(spec.env), _runner_options(spec)
+        if spec.backend == "auto":  # as a user builds it: the groups from one env apart
+            with contextlib.closing(make_vec(factory, 1, "sync")) as probe:
+                policies, params = _group_policies(probe.groups, spec.seed)
+            return EnvRunner.from_env(
+                factory, spec.num_envs, policies, params, spec.rollout_length, spec.seed, **options
             )
+        envs = make_vec(factory, spec.num_envs, spec.backend)
+        try:
+            policies, params = _group_policies(envs.groups, spec.seed)
+            return EnvRunner(envs, policies, params, spec.rollout_length, spec.seed, **options)
         except BaseException:
             envs.close()
             raise
 
     def _sample(self) -> int:
         return self._runner.sample().num_steps * self.num_envs
+
+
+def _group_policies(groups: Any, seed: int) -> tuple[dict[str, Policy], dict[str, Any]]:
+    """The benchmark MLP per agent group, and its params."""
+    policies = {g.policy_id: mlp_policy(g.action_space) for g in groups}
+    key = jax.random.key(seed)
+    return policies, {
+        g.policy_id: policies[g.policy_id].init(key, g.observation_space) for g in groups
+    }
 
 
 def _runner_options(spec: Spec) -> dict[str, Any]:
