@@ -51,8 +51,8 @@ class InfoRecorder:
     numeric entry) into a trajectory buffer's extras: float64 ``[T, B]`` values and
     masks (``[T, B, A_g]`` for an agent group: see :meth:`share`); a dotted name reaches
     into a dict entry, and where an episode ended the info is the final step's. Its
-    errors say how else a runner's user reads an entry that is not a number (in a
-    callback: ``one_agent``'s or an agent group's)."""
+    errors say where else an entry that is not a number can be read: a step hook of
+    ``Callbacks`` (``one_agent``) or of ``AgentCallbacks``."""
 
     def __init__(self, keys: InfoKeys, one_agent: bool) -> None:
         hook = (
