@@ -171,8 +171,13 @@ class EnvPoolVectorEnv(NoSubEnvAccess, GymnasiumVectorEnv):
                 f"EnvPoolVectorEnv.send(env_ids={env_ids!r}): sync mode steps all {n} sub-envs "
                 "at once; pass None (async mode, make_vec(..., batch_size=k), steps subsets)."
             )
+        self.send_checked(self._check_actions(actions))
+
+    def send_checked(self, actions: Any) -> None:
+        """With ``keep_reset_steps``: :meth:`send` of every sub-env's actions, already
+        checked (EnvPool pools stepped in turn check a send to several pools whole)."""
         self._check_not_sending("send")
-        self._call("step", self._calls.send, self._check_actions(actions))
+        self._call("step", self._calls.send, actions)
         self._sending = True
 
     def recv(self) -> BatchStep:

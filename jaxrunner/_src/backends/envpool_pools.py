@@ -103,8 +103,8 @@ class EnvPoolPoolsVectorEnv(NoSubEnvAccess, VectorEnv):
                 f"sub-envs at once; send None or whole pools, a slice at the pool edges "
                 f"{list(self.bounds)}."
             )
-        # Checked whole, before any pool steps (an error names the sub-env, not its row
-        # in its pool; each pool checks its rows again, as cheaply).
+        # Checked whole, once, before any pool steps (an error names the sub-env, not its
+        # row in its pool).
         actions = self._action_check(actions, self._ids[lo:hi])  # (a list: as an array)
         pools = list(range(first, self.bounds.index(hi)))
         busy = sorted({k for sent in self._sent for k in sent} & set(pools))
@@ -121,7 +121,10 @@ class EnvPoolPoolsVectorEnv(NoSubEnvAccess, VectorEnv):
             for k in pools
         ]
         for k, part in zip(pools, parts):
-            self.pools[k].send(part)
+            if self.keep_reset_steps:
+                self.pools[k].send_checked(part)
+            else:  # (its send keeps the actions for its recv, checking them again)
+                self.pools[k].send(part)
         self._sent.append(pools)
 
     def recv(self) -> BatchStep:
