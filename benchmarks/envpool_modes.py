@@ -10,10 +10,8 @@ interleaved rounds (the order reversed every other round), env steps per second:
 * ``sync``, ``sync_one_thread``: ``EnvRunner.sample()`` on the backend at its defaults
   and on one thread (``num_threads=1``);
 * ``async``, ``async_fewer_threads``: in async mode (``batch_size = num_envs // 2``) at
-  EnvPool's own thread count, and on a thread fewer than the CPUs, pinned to the CPUs
-  after the first (the async variant of ``from_env``'s trial:
-  ``trial_layouts.envpool_options("envpool_async", ...)``); ``async_fewer_threads_unpinned``:
-  the same threads unpinned;
+  EnvPool's own thread count, and on a thread fewer than the CPUs (the async variant
+  of ``from_env``'s trial: ``trial_layouts.envpool_options("envpool_async", ...)``);
 * ``two_pools``, ``two_pools_one_thread``: two sync pools (``num_pools=2``), a pipelining
   split each, at EnvPool's own thread count and on one thread each.
 
@@ -60,9 +58,6 @@ def systems(workload: str, num_envs: int, cpus: int) -> dict[str, Any]:
         "async_fewer_threads": fewer,
         "two_pools": {"num_pools": 2},
         "two_pools_one_thread": {"num_pools": 2, "num_threads": 1},
-        "async_fewer_threads_unpinned": {
-            k: v for k, v in fewer.items() if k != "thread_affinity_offset"
-        },
     }
     built = {"hand_sync": build(hand)}
     for name, options in variants.items():

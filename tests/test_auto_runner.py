@@ -294,8 +294,7 @@ def test_pick_layout_a_variant_in_a_near_tie_leaves_the_fastest_of_the_rest():
     assert (alone.backend, alone.envpool_options) == ("envpool", ())
 
 
-def test_the_trial_times_envpool_on_one_thread_and_async_where_they_differ(monkeypatch):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 5})
+def test_the_trial_times_envpool_on_one_thread_and_async_where_they_differ():
     assert envpool_variants(64, 2) == ["envpool_one_thread", "envpool_async", "envpool_pools"]
     assert envpool_options("envpool_pools", 64, 2) == {"num_pools": 2, "num_threads": 1}
     # Two pools take a split each: the trial leaves them out where num_splits says other.
@@ -303,15 +302,10 @@ def test_the_trial_times_envpool_on_one_thread_and_async_where_they_differ(monke
     assert envpool_variants(64, 1) == envpool_variants(1, 2) == []  # EnvPool's own is 1
     assert envpool_options("envpool_one_thread", 8, 2) == {"num_threads": 1}
     assert envpool_options("envpool", 8, 2) == {}
-    # Async: half the envs per recv, on a thread fewer than the CPUs, pinned to the CPUs
-    # after the first (the runner's own), where the process's CPUs leave them room.
-    pinned = {"batch_size": 32, "num_threads": 1, "thread_affinity_offset": 5}
-    assert envpool_options("envpool_async", 64, 2) == pinned
+    # Async: half the envs per recv, on a thread fewer than the CPUs (the runner's own).
+    assert envpool_options("envpool_async", 64, 2) == {"batch_size": 32, "num_threads": 1}
     assert envpool_options("envpool_async", 64, 16) == {"batch_size": 32, "num_threads": 15}
     assert envpool_options("envpool_async", 8, 16) == {"batch_size": 4, "num_threads": 4}
-    for gaps in ({0, 2}, {3}):  # EnvPool numbers its CPUs from the offset, without gaps
-        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, c=gaps: c)
-        assert envpool_options("envpool_async", 64, 2) == {"batch_size": 32, "num_threads": 1}
 
 
 def test_the_trial_times_envpool_async_only_where_it_can_be_built_and_run():
@@ -334,21 +328,18 @@ def test_the_trial_times_envpool_async_only_where_it_can_be_built_and_run():
     assert not auto_layout.takes_loop_options(None, 2)
 
 
-def test_pick_layout_keeps_envpool_async_past_the_tie_and_says_so(monkeypatch):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+def test_pick_layout_keeps_envpool_async_past_the_tie_and_says_so():
     rule = choose_layout(1.0, 256, cpus=2)
     rates = {0: 100.0, 2: 150.0, "envpool": 300.0, "envpool_one_thread": 320.0}
     got = pick_layout(rule, {**rates, "envpool_async": 400.0}, policy_step_us=5)
     assert (got.backend, got.num_workers) == ("envpool", 0)
-    pinned = {"batch_size": 128, "num_threads": 1, "thread_affinity_offset": 1}
-    assert dict(got.envpool_options) == pinned
+    assert dict(got.envpool_options) == {"batch_size": 128, "num_threads": 1}
     assert kept_key(got) == "envpool_async"
     assert got.reason.endswith(
         "envpool 300, envpool on 1 thread 320, envpool async 400; kept envpool async"
     )
     metrics = got.metrics()
     assert (metrics["envpool_threads"], metrics["envpool_batch_size"]) == (1, 128)
-    assert metrics["envpool_pinned_from_cpu"] == 1
     assert metrics["tried_envpool_async_steps_per_s"] == 400
     near = pick_layout(rule, {**rates, "envpool_async": 300.0 * VARIANT_TIE}, policy_step_us=5)
     assert kept_key(near) == "envpool" and near.metrics()["envpool_batch_size"] == 0

@@ -61,8 +61,7 @@ class LayoutChoice:
     envpool_options: tuple[tuple[str, int], ...] = ()
     """The ``make_vec`` options of the ``"envpool"`` backend that the trial chose beyond
     its defaults: ``(("num_threads", 1),)`` (one thread), or ``batch_size`` and
-    ``num_threads`` (async mode, with the ``thread_affinity_offset`` that pins its threads
-    off the sampler's CPU where the CPUs allow); empty: its defaults."""
+    ``num_threads`` (async mode); empty: its defaults."""
     tried_envpool_variants: tuple[tuple[str, float], ...] = ()
     """Env steps/s of the other ``"envpool"`` variants in that trial, as ``(name, rate)``
     (``"one_thread"``, ``"async"``); empty where none was tried."""
@@ -106,7 +105,6 @@ class LayoutChoice:
             metrics["envpool_threads"] = options.get("num_threads", 0)  # 0: EnvPool's own
             metrics["envpool_batch_size"] = options.get("batch_size", 0)  # 0: sync mode
             metrics["envpool_pools"] = options.get("num_pools", 1)
-            metrics["envpool_pinned_from_cpu"] = options.get("thread_affinity_offset", -1)
             for name, rate in self.tried_envpool_variants:
                 metrics[f"tried_envpool_{name}_steps_per_s"] = rate
         return metrics

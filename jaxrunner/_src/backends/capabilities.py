@@ -61,11 +61,6 @@ class Capabilities:
     after each episode end, instead of being skipped: the sampler records them as
     ``valid=False`` slots that are no faults (EnvPool's ``keep_reset_steps=True``)."""
 
-    pinned_cpus: frozenset[int] = frozenset()
-    """The CPUs the backend's own threads are pinned to (EnvPool's
-    ``thread_affinity_offset``): the runner keeps this process's other threads off them
-    while it samples."""
-
     def __post_init__(self) -> None:
         edges = self.pipeline_bounds
         if edges is not None and (

@@ -4,7 +4,6 @@ actions). See docs/backends/envpool.md."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,7 +20,6 @@ from jaxrunner._src.backends.envpool_calls import (
     EnvPoolStep,
     NoSubEnvAccess,
     every_seed,
-    pinned_cpus,
     pool_builder,
 )
 from jaxrunner._src.backends.gymnasium_adapter import GymnasiumVectorEnv, gymnasium_seed
@@ -88,8 +86,6 @@ class EnvPoolVectorEnv(NoSubEnvAccess, GymnasiumVectorEnv):
                 whole_batch=True, reset_steps=True, steps_in_background=True, answers_held=True
             )
             self.metadata = {**self.metadata, "autoreset_mode": AutoresetMode.NEXT_STEP}
-        if cpus := pinned_cpus(pool):
-            self.capabilities = dataclasses.replace(self.capabilities, pinned_cpus=cpus)
 
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None

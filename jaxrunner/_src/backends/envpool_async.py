@@ -20,7 +20,6 @@ from jaxrunner._src.backends.envpool_calls import (
     NoSubEnvAccess,
     check_env_ids,
     every_seed,
-    pinned_cpus,
     pool_builder,
 )
 from jaxrunner._src.backends.steps import BatchStep, EnvIds, block_rows
@@ -63,16 +62,15 @@ class EnvPoolAsyncVectorEnv(NoSubEnvAccess, VectorEnv):
             "EnvPoolAsyncVectorEnv", task_id, num_envs, envpool_kwargs, batch_size
         )
         self.keep_reset_steps = bool(keep_reset_steps)
-        self.task_id = task_id
-        self._seeds = [seed + i for i in range(num_envs)]  # the pool's, as last built
-        self.env = self._build(self._seeds)
         self.capabilities = Capabilities(
             ready_first=True,
             recv_batch_size=batch_size,
             reset_steps=self.keep_reset_steps,
             any_order=True,
-            pinned_cpus=pinned_cpus(self.env),
         )
+        self.task_id = task_id
+        self._seeds = [seed + i for i in range(num_envs)]  # the pool's, as last built
+        self.env = self._build(self._seeds)
         self._calls = EnvPoolCalls(self.env)  # EnvPool's C++ calls, without its Python layer
         self.num_envs, self.batch_size = num_envs, batch_size
         space_arrays.check_supported(self.env.observation_space, "single_observation_space")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import operator
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -168,16 +167,6 @@ def pool_builder(
         return envpool.make_gymnasium(task_id, **sizes, **by, **kwargs)
 
     return build
-
-
-def pinned_cpus(pool: Any) -> frozenset[int]:
-    """The CPUs ``pool``'s threads are pinned to by its ``thread_affinity_offset`` (none
-    by default): EnvPool's thread ``i`` runs on CPU ``(offset + i) % os.cpu_count()``,
-    of ``num_threads`` (0: one per env of a batch, at most one per CPU)."""
-    config, count = pool.config, os.cpu_count() or 1
-    offset = config["thread_affinity_offset"]
-    threads = config["num_threads"] or min(config["batch_size"] or config["num_envs"], count)
-    return frozenset((offset + i) % count for i in range(threads)) if offset >= 0 else frozenset()
 
 
 def every_seed(seeds: Sequence[int | None]) -> list[int]:

@@ -58,7 +58,6 @@ class EnvPoolPoolsVectorEnv(NoSubEnvAccess, VectorEnv):
             answers_held=first.capabilities.answers_held,  # (each pool's rows: its own)
             pipeline_bounds=self.bounds,
             whole_blocks=True,
-            pinned_cpus=frozenset().union(*(p.capabilities.pinned_cpus for p in self.pools)),
         )
         # The observations every step writes (the runner's views of them hold from step
         # to step, as of one pool's), and each pool's rows of them.

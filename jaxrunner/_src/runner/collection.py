@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from jaxrunner._src.cpu_placement import kept_off
 from jaxrunner._src.runner.progress import Progress
 from jaxrunner._src.samplers.sampler import attach_episodes, attach_partial
 
@@ -20,8 +19,7 @@ def sample_once(runner: Any, progress: bool = False) -> Any:
     params = runner.kind.from_policy_dict(runner.state.params)
     runner._ownership.sampling = True
     try:
-        pinned = runner.envs.capabilities.pinned_cpus
-        with Progress(total, enabled=progress, desc=name, unit="env step") as bar, kept_off(pinned):
+        with Progress(total, enabled=progress, desc=name, unit="env step") as bar:
             traj = runner.sampler.sample(params, progress=bar.update if progress else None)
             bar.update(total)  # a pure-JAX env's scan reports only when it returns
         if runner._on_agent_episode_end is not None:

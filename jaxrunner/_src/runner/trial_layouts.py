@@ -4,7 +4,6 @@ rates. See docs/backends/index.md."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,8 +28,8 @@ ENVPOOL = "envpool"
 ENVPOOL_VARIANTS = ("envpool_one_thread", "envpool_async", "envpool_pools")
 """The trial's keys of the ``"envpool"`` backend beyond its defaults (:func:`envpool_options`):
 cheap envs can step faster on one thread (no step handed between threads); async mode on
-a thread fewer than the CPUs (pinned off the sampler's CPU), and two pools of one thread
-each (a split each, in sync mode's order), overlap the policy with other envs stepping."""
+a thread fewer than the CPUs, and two pools of one thread each (a split each, in sync
+mode's order), overlap the policy with other envs stepping."""
 WORKERS_TRIED_FROM_US = MIN_WORK_US / 4
 """Env work per vector step from which the trial times a worker where the env-only rule
 keeps sync: the policy's cost moves the line, which the rule drew without one (on 2
@@ -63,23 +62,8 @@ def envpool_options(key: str, num_envs: int, cpus: int) -> dict[str, Any]:
         return {"num_threads": 1}
     if key == "envpool_async":
         batch = max(1, num_envs // 2)
-        threads = max(1, min(batch, cpus - 1))
-        return {"batch_size": batch, "num_threads": threads, **_after_the_first_cpu(threads)}
+        return {"batch_size": batch, "num_threads": max(1, min(batch, cpus - 1))}
     return {"num_pools": 2, "num_threads": 1} if key == "envpool_pools" else {}
-
-
-def _after_the_first_cpu(threads: int) -> dict[str, int]:
-    """EnvPool's ``thread_affinity_offset`` that pins its ``threads`` threads to this
-    process's CPUs after the first, which the runner keeps to itself while it samples
-    (on 2 CPUs, async mode so ran 1.13x its unpinned self on Pong at 32 envs); none where
-    the CPUs have gaps (EnvPool numbers them from the offset) or too few are left."""
-    try:
-        mine = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return {}
-    if threads >= len(mine) or mine[-1] - mine[0] != len(mine) - 1:
-        return {}
-    return {"thread_affinity_offset": mine[1]}
 
 
 def kept_key(choice: LayoutChoice) -> int | str:
