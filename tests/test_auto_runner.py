@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from typing import Any
 
+import gymnasium
 import jax
 import pytest
 from conftest import ActorCritic, short_cartpole
@@ -17,12 +19,15 @@ from jaxrunner._src.backends import auto
 from jaxrunner._src.backends.auto import choose_layout
 from jaxrunner._src.runner import auto_layout
 from jaxrunner._src.runner.trial_layouts import (
+    DROP_AFTER,
+    DROP_BEHIND,
     SHARE,
     SYNC_TIE,
     VARIANT_TIE,
     WORKERS_TRIED_FROM_US,
     envpool_options,
     envpool_variants,
+    in_the_running,
     kept_key,
     pick_layout,
     share_layout,
@@ -438,6 +443,49 @@ class DiesInWorkers:
     def __call__(self) -> Any:
         faults = [] if os.getpid() == self.main else [FaultPlan(kind="exit", at=(2,))]
         return jr.testing.FaultyEnv(short_cartpole(), faults)
+
+
+def test_the_trial_stops_timing_the_layouts_far_behind():
+    times = {0: [2.0, 1.0], 1: [1.4], "envpool": [1.6, 1.5], SHARE: [3.0, 1.51]}
+    assert in_the_running(times) == [0, 1, "envpool"]  # within 1.5x of the fastest
+    assert in_the_running({0: [DROP_BEHIND], 2: [1.0]}) == [0, 2]  # right on the line
+
+
+class SleepsInWorkers:
+    """A factory of short CartPoles whose steps take 3 ms, except in the process that
+    made the factory (the trial's sync layout, and the probe)."""
+
+    def __init__(self) -> None:
+        self.main = os.getpid()
+
+    def __call__(self) -> Any:
+        env = short_cartpole()
+        return env if os.getpid() == self.main else _Sleepy(env)
+
+
+class _Sleepy(gymnasium.Wrapper):
+    def step(self, action: Any) -> Any:
+        time.sleep(0.003)
+        return self.env.step(action)
+
+
+def test_a_trial_times_layouts_far_behind_for_its_first_rounds_only(monkeypatch):
+    _wants_workers(monkeypatch)  # the trial: sync, 2 workers and the share
+    running: list[list[int | str]] = []
+
+    def spied(times):
+        running.append(in_the_running(times))
+        return running[-1]
+
+    monkeypatch.setattr(auto_layout, "in_the_running", spied)
+    policy, params = _policy_and_params()
+    with jr.EnvRunner.from_env(SleepsInWorkers(), 6, policy, params, ROLLOUT, 3) as runner:
+        choice = runner.envs.layout_choice
+    # The workers' layouts, far behind after the first rounds, were timed no more: with
+    # sync alone in the running, the trial ended there.
+    assert running == [[0]] and DROP_AFTER >= 1
+    assert choice is not None and (choice.backend, choice.num_workers) == ("sync", 0)
+    assert [w for w, _ in choice.tried] == [0, 2] and choice.tried_share is not None
 
 
 def test_a_process_layout_whose_workers_die_in_the_trial_is_dropped(monkeypatch):

@@ -26,12 +26,14 @@ from jaxrunner._src.core.agent_groups import PolicyMappingFn
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.runner.env_runner_checks import takes_loop_options
 from jaxrunner._src.runner.trial_layouts import (
+    DROP_AFTER,
     ENVPOOL,
     ENVPOOL_VARIANTS,
     SHARE,
     TRIAL_ROUNDS,
     envpool_options,
     envpool_variants,
+    in_the_running,
     kept_key,
     label,
     layout_of,
@@ -238,16 +240,22 @@ def _trial(
                 continue
             timed_sample(key)  # warm-up: compiles, first resets, worker start
         times = {key: [] for key in runners}
+        timed = list(runners)
         for round_index in range(2 * TRIAL_ROUNDS):
-            only_sync = round_index > 0 and len(runners) == 1
-            if only_sync or (round_index == TRIAL_ROUNDS and not undecided(times)):
+            if round_index >= DROP_AFTER:
+                timed = [key for key in in_the_running(times) if key in timed]
+                for key in set(runners).difference(timed, [0]):  # (sync's is read below)
+                    runners.pop(key).stop()
+            alone = round_index > 0 and len(timed) == 1
+            if alone or (round_index == TRIAL_ROUNDS and not undecided(times)):
                 break
-            for key in list(runners):
+            for key in list(timed):
                 took = timed_sample(key)
                 if key in runners:
                     times[key].append(took)
-                else:
+                else:  # it failed: out of the trial
                     del times[key]
+                    timed.remove(key)
         inference_ms = runners[0].get_metrics()["perf"]["inference_ms"]
     finally:
         for runner in runners.values():

@@ -16,6 +16,12 @@ work slows samples, never speeds them up: docs/backends/index.md)."""
 CLOSE = 1.10
 """Where the fastest process layout and sync are within this factor after
 :data:`TRIAL_ROUNDS`, as many rounds again are timed."""
+DROP_AFTER = 2
+"""Rounds after which the trial stops timing the layouts far behind (:func:`in_the_running`)."""
+DROP_BEHIND = 1.5
+"""A layout whose fastest timing takes this many times the fastest layout's is out of
+the running: its timings so far stand in the pick (on 2 cores a layout's ratio to
+another moved by 5-15% from trial to trial)."""
 SYNC_TIE = 1.05
 """Workers must beat sync by this factor to be chosen: on a near tie the simpler
 layout, with no processes to start, wins (and among workers, the fewer)."""
@@ -85,6 +91,14 @@ def undecided(times: Mapping[int | str, list[float]]) -> bool:
         return False
     best = min(others)
     return max(sync, best) <= CLOSE * min(sync, best)
+
+
+def in_the_running(times: Mapping[int | str, list[float]]) -> list[int | str]:
+    """The layouts a trial goes on timing after :data:`DROP_AFTER` rounds: those whose
+    fastest timing (seconds per transition) is within :data:`DROP_BEHIND` of the fastest
+    layout's."""
+    best = min(min(t) for t in times.values())
+    return [key for key, t in times.items() if min(t) <= DROP_BEHIND * best]
 
 
 def trial_workers(rule: LayoutChoice, multi_agent: bool = False) -> list[int]:
