@@ -646,6 +646,7 @@ def test_from_env_times_envpool_async_on_the_second_of_two_samples(monkeypatch) 
     from jaxrunner._src.runner import auto_layout
 
     monkeypatch.setattr(auto_layout, "TRIAL_STEPS", (16, 16))  # 2 samples of 8 per timing
+    monkeypatch.setattr(auto_layout, "DROP_AFTER", 100)  # every layout timed every round
 
     calls: dict[int, list[bool]] = {}  # runner -> on async envs, per sample
     real = jr.EnvRunner.sample
