@@ -31,6 +31,7 @@ from jaxrunner._src.runner.trial_layouts import (
     kept_key,
     pick_layout,
     share_layout,
+    trial_rates,
     trial_workers,
     worth_timing,
 )
@@ -449,6 +450,15 @@ def test_the_trial_stops_timing_the_layouts_far_behind():
     times = {0: [2.0, 1.0], 1: [1.4], "envpool": [1.6, 1.5], SHARE: [3.0, 1.51]}
     assert in_the_running(times) == [0, 1, "envpool"]  # within 1.5x of the fastest
     assert in_the_running({0: [DROP_BEHIND], 2: [1.0]}) == [0, 2]  # right on the line
+
+
+def test_the_trial_counts_a_layouts_fastest_timing_but_envpools_median():
+    """EnvPool's threads step faster in a short burst after idling (the trial's
+    timings): its fastest timing would overrate it."""
+    times = {0: [4.0, 2.0, 5.0], 1: [1.0, 3.0, 2.0], "envpool": [1.0, 4.0, 5.0]}
+    times |= {"envpool_pools": [0.5, 2.0, 2.5, 3.0]}
+    rates = trial_rates(times)
+    assert rates == {0: 0.5, 1: 1.0, "envpool": 0.25, "envpool_pools": 1 / 2.25}
 
 
 class SleepsInWorkers:

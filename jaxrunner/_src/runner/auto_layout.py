@@ -39,6 +39,7 @@ from jaxrunner._src.runner.trial_layouts import (
     layout_of,
     pick_layout,
     share_layout,
+    trial_rates,
     trial_workers,
     undecided,
     worth_timing,
@@ -260,7 +261,7 @@ def _trial(
     finally:
         for runner in runners.values():
             runner.stop()
-    rates = {key: 1 / min(t) for key, t in times.items()}  # each one's fastest sample
+    rates = trial_rates(times)
     choice = pick_layout(rule, rates, policy_step_us=1e3 * inference_ms)
     if failed:
         dropped = "; ".join(
