@@ -19,7 +19,6 @@ from jaxrunner._src.backends import auto
 from jaxrunner._src.backends.auto import choose_layout
 from jaxrunner._src.runner import auto_layout
 from jaxrunner._src.runner.trial_layouts import (
-    DROP_AFTER,
     DROP_BEHIND,
     SHARE,
     SYNC_TIE,
@@ -447,8 +446,10 @@ class DiesInWorkers:
 
 
 def test_the_trial_stops_timing_the_layouts_far_behind():
-    times = {0: [2.0, 1.0], 1: [1.4], "envpool": [1.6, 1.5], SHARE: [3.0, 1.51]}
-    assert in_the_running(times) == [0, 1, "envpool"]  # within 1.5x of the fastest
+    times = {0: [2.0, 1.0], 1: [1.4], SHARE: [3.0, 1.51], "envpool_pools": [1.5, 1.4]}
+    # Within 1.5x of the fastest, by the pick's own rates: EnvPool's median, not its best.
+    times |= {"envpool": [1.0, 1.6, 1.7], "envpool_async": [1.6, 1.4, 1.0]}
+    assert in_the_running(times) == [0, 1, "envpool_pools", "envpool_async"]
     assert in_the_running({0: [DROP_BEHIND], 2: [1.0]}) == [0, 2]  # right on the line
 
 
@@ -493,7 +494,7 @@ def test_a_trial_times_layouts_far_behind_for_its_first_rounds_only(monkeypatch)
         choice = runner.envs.layout_choice
     # The workers' layouts, far behind after the first rounds, were timed no more: with
     # sync alone in the running, the trial ended there.
-    assert running == [[0]] and DROP_AFTER >= 1
+    assert running == [[0]]
     assert choice is not None and (choice.backend, choice.num_workers) == ("sync", 0)
     assert [w for w, _ in choice.tried] == [0, 2] and choice.tried_share is not None
 

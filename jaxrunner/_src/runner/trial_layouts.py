@@ -13,7 +13,8 @@ from jaxrunner._src.backends.process.launch import default_num_workers
 
 TRIAL_ROUNDS = 5
 """Timings per candidate, interleaved, after a warm-up; each one's fastest counts (other
-work slows samples, never speeds them up: docs/backends/index.md)."""
+work slows samples, never speeds them up), but EnvPool's median (:func:`trial_rates`;
+docs/backends/index.md)."""
 CLOSE = 1.10
 """Where the fastest process layout and sync are within this factor after
 :data:`TRIAL_ROUNDS`, as many rounds again are timed."""
@@ -84,22 +85,22 @@ def kept_key(choice: LayoutChoice) -> int | str:
 
 
 def undecided(times: Mapping[int | str, list[float]]) -> bool:
-    """Whether sync's best time per transition and the fastest other layout's are
+    """Whether sync's rate (:func:`trial_rates`) and the fastest other layout's are
     within :data:`CLOSE` of each other, either way (False where sync is the only one)."""
-    sync = min(times[0])
-    others = [min(t) for key, t in times.items() if key != 0]
+    rates = trial_rates(times)
+    others = [rate for key, rate in rates.items() if key != 0]
     if not others:
         return False
-    best = min(others)
+    sync, best = rates[0], max(others)
     return max(sync, best) <= CLOSE * min(sync, best)
 
 
 def in_the_running(times: Mapping[int | str, list[float]]) -> list[int | str]:
     """The layouts a trial goes on timing after :data:`DROP_AFTER` rounds: those whose
-    fastest timing (seconds per transition) is within :data:`DROP_BEHIND` of the fastest
-    layout's."""
-    best = min(min(t) for t in times.values())
-    return [key for key, t in times.items() if min(t) <= DROP_BEHIND * best]
+    rate (:func:`trial_rates`) is within :data:`DROP_BEHIND` of the fastest layout's."""
+    rates = trial_rates(times)
+    best = max(rates.values())
+    return [key for key, rate in rates.items() if DROP_BEHIND * rate >= best]
 
 
 def trial_rates(times: Mapping[int | str, list[float]]) -> dict[int | str, float]:
