@@ -1,7 +1,7 @@
 """How long ``EnvRunner.from_env``'s trial takes, with and without its drop of the layouts
 far behind (``trial_layouts.in_the_running``: after ``DROP_AFTER`` rounds, a layout
-whose fastest timing takes ``DROP_BEHIND`` times the fastest one's is timed no more),
-and which layout each build keeps.
+``DROP_BEHIND`` times slower than the fastest is timed no more), and which layout each
+build keeps.
 
 Per case, ``from_env`` is built ``--rounds`` times each way in this process, the two
 alternating (the order reversed every other round); a build is timed whole (the probe,
