@@ -246,7 +246,8 @@ def _trial(
             if round_index >= DROP_AFTER:
                 timed = [key for key in in_the_running(times) if key in timed]
                 for key in set(runners).difference(timed, [0]):  # (sync's is read below)
-                    runners.pop(key).stop()
+                    with contextlib.suppress(Exception):  # out of the running either way
+                        runners.pop(key).stop()
             alone = round_index > 0 and len(timed) == 1
             if alone or (round_index == TRIAL_ROUNDS and not undecided(times)):
                 break
