@@ -28,7 +28,7 @@ from jaxrunner._src.runner.env_runner_checks import takes_loop_options
 from jaxrunner._src.runner.trial_layouts import (
     DROP_AFTER,
     ENVPOOL,
-    ENVPOOL_VARIANTS,
+    ENVPOOL_KEYS,
     SHARE,
     TRIAL_ROUNDS,
     envpool_options,
@@ -222,7 +222,7 @@ def _trial(
         for key in keys:
             envs: Any = None
             try:
-                if key == ENVPOOL or key in ENVPOOL_VARIANTS:
+                if key in ENVPOOL_KEYS:
                     pool = envpool_options(str(key), num_envs, rule.cpus)
                     envs = make_vec(env, num_envs, ENVPOOL, **pool)
                     if not _same_spaces(envs, runners[0].envs):  # the policy's: sync's

@@ -21,8 +21,8 @@ CLOSE = 1.10
 DROP_AFTER = 2
 """Rounds after which the trial stops timing the layouts far behind (:func:`in_the_running`)."""
 DROP_BEHIND = 1.5
-"""A layout whose fastest timing takes this many times the fastest layout's is out of
-the running: its timings so far stand in the pick (on 2 cores a layout's ratio to
+"""A layout whose rate (:func:`trial_rates`) is this many times below the fastest one's is
+out of the running: its timings so far stand in the pick (on 2 cores a layout's ratio to
 another moved by 5-15% from trial to trial)."""
 SYNC_TIE = 1.05
 """Workers must beat sync by this factor to be chosen: on a near tie the simpler
@@ -38,6 +38,8 @@ ENVPOOL_VARIANTS = ("envpool_one_thread", "envpool_async", "envpool_pools")
 cheap envs can step faster on one thread (no step handed between threads); async mode on
 a thread fewer than the CPUs, and two pools of one thread each (a split each, in sync
 mode's order), overlap the policy with other envs stepping."""
+ENVPOOL_KEYS = (ENVPOOL, *ENVPOOL_VARIANTS)
+"""Every trial key of the ``"envpool"`` backend."""
 WORKERS_TRIED_FROM_US = MIN_WORK_US / 4
 """Env work per vector step from which the trial times a worker where the env-only rule
 keeps sync: the policy's cost moves the line, which the rule drew without one (on 2
@@ -80,8 +82,8 @@ def kept_key(choice: LayoutChoice) -> int | str:
     if choice.backend != ENVPOOL:
         return SHARE if choice.main_process_envs else choice.num_workers
     options = dict(choice.envpool_options)  # the key whose options these are
-    keys = (ENVPOOL, *ENVPOOL_VARIANTS)
-    return next(k for k in keys if envpool_options(k, choice.num_envs, choice.cpus) == options)
+    num_envs, cpus = choice.num_envs, choice.cpus
+    return next(k for k in ENVPOOL_KEYS if envpool_options(k, num_envs, cpus) == options)
 
 
 def undecided(times: Mapping[int | str, list[float]]) -> bool:
@@ -109,8 +111,9 @@ def trial_rates(times: Mapping[int | str, list[float]]) -> dict[int | str, float
     EnvPool layout's, whose threads step faster in a short burst after they idled (the
     trial's timings) than in a run of samples (on 2 cores, 1.2-1.3x at 32 CartPoles,
     where sync and the process backend showed no such gain)."""
-    pools = (ENVPOOL, *ENVPOOL_VARIANTS)
-    return {k: 1 / (statistics.median(t) if k in pools else min(t)) for k, t in times.items()}
+    return {
+        k: 1 / (statistics.median(t) if k in ENVPOOL_KEYS else min(t)) for k, t in times.items()
+    }
 
 
 def trial_workers(rule: LayoutChoice, multi_agent: bool = False) -> list[int]:
@@ -172,16 +175,15 @@ def pick_layout(
     best = max(running, key=lambda key: (rates[key], -_processes(rule, key)))
     if rates[best] <= SYNC_TIE * rates[0]:
         best = 0
-    pools = (ENVPOOL, *ENVPOOL_VARIANTS)
     # sync, the workers by count, the share, then EnvPool at its defaults and its variants
-    rank = (SHARE, *pools)
+    rank = (SHARE, *ENVPOOL_KEYS)
     order = sorted(rates, key=lambda key: (rank.index(key) + 1 if key in rank else 0, key))
     tried = ", ".join(f"{label(key)} {rates[key]:,.0f}" for key in order)
     chosen = envpool_options(str(best), rule.num_envs, rule.cpus)  # {} but for a variant
-    layout = layout_of(rule, 0 if best in pools else best)
+    layout = layout_of(rule, 0 if best in ENVPOOL_KEYS else best)
     return dataclasses.replace(
         layout,
-        backend=ENVPOOL if best in pools else layout.backend,
+        backend=ENVPOOL if best in ENVPOOL_KEYS else layout.backend,
         reason=f"{rule.reason}; tried with the policy (env steps/s): {tried}; kept {label(best)}",
         tried=tuple((key, rates[key]) for key in order if isinstance(key, int)),
         tried_share=rates.get(SHARE),
@@ -198,13 +200,13 @@ def pick_layout(
 
 def _processes(rule: LayoutChoice, key: int | str) -> int:
     """Processes a layout adds (EnvPool's are threads)."""
-    return 0 if key == ENVPOOL or key in ENVPOOL_VARIANTS else layout_of(rule, key).num_workers
+    return 0 if key in ENVPOOL_KEYS else layout_of(rule, key).num_workers
 
 
 def label(key: int | str) -> str:
     if key == SHARE:
         return "workers with the main process's share"
-    if key == ENVPOOL or key in ENVPOOL_VARIANTS:
+    if key in ENVPOOL_KEYS:
         names = {"envpool_one_thread": "envpool on 1 thread", "envpool_async": "envpool async"}
         return names.get(str(key), "envpool in 2 pools" if key == "envpool_pools" else ENVPOOL)
     return "sync" if key == 0 else f"{key} worker{'s' if int(key) > 1 else ''}"
