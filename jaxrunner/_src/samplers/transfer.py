@@ -12,6 +12,9 @@ import numpy as np
 
 _ALIGN = 8
 _WORD = 4
+_HOST_ALIGN = 64
+"""A host buffer at this alignment goes to a CPU device with no copy (JAX aliases it);
+any other is copied, e.g. 37 us for a 451 KB stage of 16 Atari frames."""
 
 
 class Packing:
@@ -39,8 +42,10 @@ class Packing:
         self._by_lead: dict[tuple[int, ...], list[tuple[int, int, np.dtype, tuple]]] = {}
 
     def allocate(self) -> np.ndarray:
-        """A zeroed host buffer for this layout."""
-        return np.zeros(self.nwords, np.uint32)
+        """A zeroed host buffer for this layout, ``_HOST_ALIGN``-byte aligned."""
+        raw = np.zeros(self.nbytes + _HOST_ALIGN, np.uint8)
+        start = -raw.ctypes.data % _HOST_ALIGN
+        return raw[start : start + self.nbytes].view(np.uint32)
 
     def host_views(self, buffer: np.ndarray) -> Any:
         """Numpy views of each leaf inside ``buffer`` (writes go into the buffer)."""
