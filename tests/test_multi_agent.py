@@ -482,21 +482,28 @@ _RELEASE_CASES = {  # factory, num_actions, masked, runner options
 def test_released_buffers_are_reused_and_change_nothing(case):
     factory, n, masked, options = _RELEASE_CASES[case]
 
-    def run(reuse: bool) -> tuple[list, set]:
+    def run(reuse: str) -> tuple[list, set]:
         envs = jr.make_multi_agent_vec(factory, 2)
-        got, memory = [], set()
+        got, memory, held = [], set(), []
         with jr.EnvRunner(envs, random_policy(n, masked), zero_params(n), 7, 3, **options) as r:
             for _ in range(4):
                 traj = r.sample()
-                memory.add(id(next(iter(traj.groups.values())).reward))
+                memory.add(next(iter(traj.groups.values())).reward.ctypes.data)
                 got.append(jax.tree.map(np.copy, traj))
-                if reuse:
+                if reuse == "released":
                     r.release(traj)
+                elif reuse == "held":  # every sample in memory of its own
+                    held.append(traj)
+                del traj
         return got, memory
 
-    (fresh, _), (reused, memory) = run(False), run(True)
+    (fresh, _), (reused, memory) = run("held"), run("released")
     jax.tree.map(np.testing.assert_array_equal, fresh, reused)
     assert len(memory) == 1  # the same memory, sample after sample
+    dropped, memory = run("dropped")  # written again once nothing holds them
+    jax.tree.map(np.testing.assert_array_equal, fresh, dropped)
+    if "info_keys" not in options:  # (info arrays grow as infos report them: never reused)
+        assert len(memory) < 4
 
 
 def test_release_refuses_what_it_did_not_hand_out_multi_agent():

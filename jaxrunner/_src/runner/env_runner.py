@@ -176,7 +176,9 @@ class EnvRunner:
         next sample writes into its arrays instead of allocating new ones (a sample's
         memory is allocated and zeroed once, not every call). ``traj`` and any view of
         it (``time_slice``, its arrays) then change under you: copy what you keep
-        first. Episodes from ``split_episodes`` are copies and stay valid.
+        first. Episodes from ``split_episodes`` are copies and stay valid. (A sample
+        you drop, and hold nothing of, is written again without it: docs/concepts.md,
+        "Memory".)
 
         Raises:
             InvalidArgumentError: ``traj`` is not a result of this runner's ``sample()``

@@ -1,7 +1,9 @@
-"""The host loop's trajectory buffers, reused once the caller releases a sample."""
+"""The host loop's trajectory buffers, reused once the caller releases a sample or
+holds nothing of it any more."""
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -65,12 +67,27 @@ class HandedOut:
         return entry[2]
 
 
+_ALIGN = 64  # each leaf's offset in a block: a cache line, and JAX's CPU alignment
+
+
+def _refs(blocks: list[np.ndarray], i: int) -> int:
+    return sys.getrefcount(blocks[i])
+
+
+_SOLE = _refs([np.empty(0)], 0)
+"""What :func:`_refs` gives for a block that only its list holds (calibrated, not assumed:
+interpreters count a call's argument differently)."""
+
+
 class BufferPool:
     """The host loop's :class:`MultiAgentTrajectory` buffers: new ones, or those of
     samples the caller released (``EnvRunner.release``, checked by :class:`HandedOut`:
-    the next sample writes into them), instead of allocating and zeroing them again.
-    ``compact``: every sample writes its dense ``next_obs`` into a scratch, one per
-    sample being written (``live``)."""
+    the next sample writes into them), or those of samples nothing holds any more,
+    instead of allocating and zeroing them again. A sample's arrays are views of one
+    block (their ``base``), and every array made from them (a view, a slice, a JAX array
+    on the CPU that uses the memory in place) holds the block too: a block that only
+    this pool holds is nobody's. ``compact``: every sample writes its dense ``next_obs``
+    into a scratch, one per sample being written (``live``)."""
 
     def __init__(
         self,
@@ -91,7 +108,11 @@ class BufferPool:
         }
         self._has_infos = any(gs.infos is not None for gs in groups.values())
         # A new buffer's tree and leaves' shapes and dtypes, from the first one.
-        self._layout: tuple[Any, list[tuple[tuple[int, ...], np.dtype]]] | None = None
+        self._layout: tuple[Any, list[tuple[tuple[int, ...], np.dtype, int]], int] | None = None
+        # The memory of the latest buffers made from the layout (one more than the samples
+        # written at once: the last one handed out is still read as the next is written).
+        self._blocks: list[np.ndarray] = []
+        self._keep = live + 1
         self._scratch: dict[str, Any] | None = None
         self._scratches: list[dict[str, Any]] = []
         if compact:  # the next observations alone, not a whole trajectory; one per live sample
@@ -111,8 +132,14 @@ class BufferPool:
         return self._scratch is not None
 
     def take(self) -> MultiAgentTrajectory:
-        """A buffer for the next sample: a released one, made ready, or a new one."""
-        buf = self._refresh(self._free.pop()) if self._free else self._allocate()
+        """A buffer for the next sample: a released one or one nobody holds, made
+        ready, or a new one."""
+        if self._free:
+            buf = self._refresh(self._free.pop())
+        elif (unheld := self._unheld()) is not None:
+            buf = self._refresh(unheld)
+        else:
+            buf = self._allocate()
         buf.valid.fill(True)  # type: ignore[union-attr]
         buf.env_id[...] = np.arange(self._num_envs)
         if self._scratch is None:
@@ -145,12 +172,25 @@ class BufferPool:
         self._free.append(traj.replace(groups=groups))
 
     def _allocate(self) -> MultiAgentTrajectory:
-        if self._layout is not None:  # the first buffer's layout, zeroed: 3x less time at T = 1
-            treedef, specs = self._layout
-            return treedef.unflatten([np.zeros(shape, dtype) for shape, dtype in specs])
+        if self._layout is None:  # (the first buffer, for its layout: calloc'd, never touched)
+            buf = self._first()
+            if self._has_infos:  # (info arrays: their names grow as infos report them)
+                return buf
+            leaves, treedef = jax.tree.flatten(buf)
+            specs, offset = [], 0
+            for x in leaves:
+                specs.append((x.shape, x.dtype, offset))
+                offset += -(-x.nbytes // _ALIGN) * _ALIGN
+            self._layout = treedef, specs, offset
+        # (the block owns its memory: every array made from it has it as its base)
+        block = np.zeros(self._layout[2] + _ALIGN, np.uint8)
+        self._blocks = [*self._blocks[1 - self._keep :], block]  # the oldest: the caller's
+        return self._on(block)
+
+    def _first(self) -> MultiAgentTrajectory:
         shape = (self._num_steps, self._num_envs)
         dense = self._scratch is None
-        buf = MultiAgentTrajectory(
+        return MultiAgentTrajectory(
             groups={pid: gs.allocate(self._num_steps, dense) for pid, gs in self._groups.items()},
             env_id=np.zeros(shape, np.int64),  # (valid and env_id: filled by take())
             episode_id=np.zeros(shape, np.int64),
@@ -159,10 +199,23 @@ class BufferPool:
             agents=self._agents,
             valid=np.zeros(shape, np.bool_),
         )
-        if not self._has_infos:  # (info arrays: their names grow as infos report them)
-            leaves, treedef = jax.tree.flatten(buf)
-            self._layout = treedef, [(x.shape, x.dtype) for x in leaves]
-        return buf
+
+    def _on(self, block: np.ndarray) -> MultiAgentTrajectory:
+        """A buffer of the layout whose arrays are views of ``block``."""
+        assert self._layout is not None
+        treedef, specs, _ = self._layout
+        start = -block.ctypes.data % _ALIGN
+        return treedef.unflatten(
+            [np.ndarray(shape, dtype, block, start + offset) for shape, dtype, offset in specs]
+        )
+
+    def _unheld(self) -> MultiAgentTrajectory | None:
+        """A buffer on one of the latest blocks that nobody holds (its sample dropped, and
+        every array made from it), if any."""
+        for i in range(len(self._blocks)):
+            if _refs(self._blocks, i) == _SOLE:
+                return self._on(self._blocks[i])
+        return None
 
     def _refresh(self, buf: MultiAgentTrajectory) -> MultiAgentTrajectory:
         # A step writes only the acting agents' slots (a single agent's: every slot).

@@ -148,7 +148,8 @@ class OneAgentSampler:
         a released buffer's again as the views it was handed out with."""
         group = traj.groups[self._pid]
         kept = self._released.get(id(group.reward))
-        if kept is not None and getattr(kept.reward, "base", None) is group.reward:
+        owner = group.reward if group.reward.base is None else group.reward.base  # type: ignore[union-attr]
+        if kept is not None and getattr(kept.reward, "base", None) is owner:
             fresh = {"extras": _one(group.extras), "valid": traj.valid}
             if self._compact:  # the dense scratch's rows (what went out was compacted)
                 fresh["next_obs_store"] = _one(group.next_obs_store)
