@@ -15,6 +15,7 @@ from jaxrunner._src import space_arrays
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
 from jaxrunner._src.samplers.group_step import GroupSampler
 from jaxrunner._src.samplers.info_arrays import INFOS, INFOS_PRESENT, policy_extras
+from jaxrunner._src.samplers.transfer import HOST_ALIGN, aligned_start, aligned_zeros
 from jaxrunner.errors import InvalidArgumentError
 
 NOT_OUT = (
@@ -65,9 +66,6 @@ class HandedOut:
             raise InvalidArgumentError(CHANGED)
         del self._out[id(traj)]
         return entry[2]
-
-
-_ALIGN = 64  # each leaf's offset in a block: a cache line, and JAX's CPU alignment
 
 
 def _refs(blocks: list[np.ndarray], i: int) -> int:
@@ -180,10 +178,9 @@ class BufferPool:
             specs, offset = [], 0
             for x in leaves:
                 specs.append((x.shape, x.dtype, offset))
-                offset += -(-x.nbytes // _ALIGN) * _ALIGN
+                offset += -(-x.nbytes // HOST_ALIGN) * HOST_ALIGN  # (JAX uses each in place)
             self._layout = treedef, specs, offset
-        # (the block owns its memory: every array made from it has it as its base)
-        block = np.zeros(self._layout[2] + _ALIGN, np.uint8)
+        block = aligned_zeros(self._layout[2])
         self._blocks = [*self._blocks[1 - self._keep :], block]  # the oldest: the caller's
         return self._on(block)
 
@@ -204,7 +201,7 @@ class BufferPool:
         """A buffer of the layout whose arrays are views of ``block``."""
         assert self._layout is not None
         treedef, specs, _ = self._layout
-        start = -block.ctypes.data % _ALIGN
+        start = aligned_start(block)
         return treedef.unflatten(
             [np.ndarray(shape, dtype, block, start + offset) for shape, dtype, offset in specs]
         )
