@@ -286,6 +286,20 @@ def test_what_the_caller_holds_of_a_sample_is_never_written_again(holder: str) -
         chex.assert_trees_all_equal(jax.tree.map(np.asarray, held), before)
 
 
+@pytest.mark.parametrize("how", ["dropped", "released"])
+def test_a_stopped_runner_lets_go_of_what_it_kept_for_reuse(how: str) -> None:
+    runner = _runner(BACKENDS["sync"]())
+    first = runner.sample()
+    block = weakref.ref(first.reward.base)
+    runner.sample()  # the latest sample's memory is the loop's too; the first's is not
+    if how == "released":
+        runner.release(first)
+    del first
+    assert block() is not None  # kept for a later sample
+    runner.stop()
+    assert block() is None
+
+
 def test_release_refuses_what_it_did_not_hand_out() -> None:
     with _runner(BACKENDS["sync"]()) as runner, _runner(BACKENDS["sync"]()) as other:
         traj = runner.sample()

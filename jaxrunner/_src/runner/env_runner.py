@@ -365,6 +365,7 @@ class EnvRunner:
             self._ownership.check_usable("stop")
         if not self._ownership.closed:
             self._ownership.release()
+            self.sampler.free_buffers()
             if close_envs:
                 self.envs.close()
             elif hasattr(self.envs, "drop_in_flight"):  # EnvPool async: steps a sample ahead

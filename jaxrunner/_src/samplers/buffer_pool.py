@@ -169,6 +169,11 @@ class BufferPool:
         }
         self._free.append(traj.replace(groups=groups))
 
+    def clear(self) -> None:
+        """Lets go of every buffer kept for reuse (released ones, and the blocks)."""
+        self._free.clear()
+        self._blocks = []
+
     def _allocate(self) -> MultiAgentTrajectory:
         if self._layout is None:  # (the first buffer, for its layout: calloc'd, never touched)
             buf = self._first()

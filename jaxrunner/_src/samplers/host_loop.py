@@ -227,8 +227,7 @@ class HostLoop:
         perf["inference_ms"] += perf_counter() - clock
 
     def _send(self, lo: int, hi: int, perf: dict[str, float], t: int) -> None:
-        """Takes block ``[lo, hi)``'s queued actions for its step ``t``, sends them and
-        records them."""
+        """Takes block ``[lo, hi)``'s queued actions for its step ``t``, sends, records them."""
         clock = perf_counter()
         actions = []  # (a loop: a comprehension's frame, and its cells, cost more per step)
         for _, gs in self._parts:
@@ -305,6 +304,9 @@ class HostLoop:
         self.metrics.sample_time_s += perf_counter() - clock
         return traj.replace(groups=groups)
 
+    def free_buffers(self) -> None:  # (the runner stopped)
+        self._pool.clear()
+
     def release(self, traj: MultiAgentTrajectory) -> None:
         """Takes back ``traj`` (a sample's result the caller is done with) for reuse."""
         self._pool.release(traj)
@@ -340,8 +342,7 @@ class HostLoop:
         return [] if self._live is None else list(self._live.episodes)
 
     def info_names(self) -> dict[str, Any] | None:
-        """The ``info_keys`` recorder's names (:meth:`InfoRecorder.get_state`; None
-        without ``info_keys``): kept across a checkpoint beside the sampler state."""
+        """The ``info_keys`` recorder's names (None without): kept in a checkpoint."""
         return None if self._infos is None else self._infos.get_state()
 
     def set_info_names(self, names: dict[str, Any]) -> None:

@@ -103,6 +103,11 @@ class OneAgentSampler:
             self.metrics.sample_time_s += time.perf_counter() - clock
         return traj
 
+    def free_buffers(self) -> None:
+        """Lets go of the buffers kept for later samples (the runner stopped)."""
+        self._released.clear()
+        self._loop.free_buffers()
+
     def release(self, traj: Trajectory) -> None:
         """Takes back ``traj`` (a sample's result the caller is done with) for reuse."""
         group_traj = self._out.take_back(traj, self._reused)

@@ -199,6 +199,9 @@ class ScanSampler:
         attach_partial(err, traj.time_slice(0, t) if t else None)
         raise err
 
+    def free_buffers(self) -> None:
+        """Nothing to let go: a scan's trajectories are new arrays on the device."""
+
     def get_connector_state(self, policy_id: str) -> ConnectorsState:
         """A host copy of the state of ``policy_id``'s connectors: the statistics the
         next sample uses."""
