@@ -286,6 +286,15 @@ def test_what_the_caller_holds_of_a_sample_is_never_written_again(holder: str) -
         chex.assert_trees_all_equal(jax.tree.map(np.asarray, held), before)
 
 
+def test_a_sample_written_into_a_released_one_is_reused_once_dropped() -> None:
+    with _runner(BACKENDS["sync"]()) as runner:
+        runner.release(runner.sample())
+        second = runner.sample()  # into the released one's memory
+        block = weakref.ref(second.reward.base)
+        del second
+        assert any(runner.sample().reward.base is block() for _ in range(3))
+
+
 @pytest.mark.parametrize("how", ["dropped", "released"])
 def test_a_stopped_runner_lets_go_of_what_it_kept_for_reuse(how: str) -> None:
     runner = _runner(BACKENDS["sync"]())

@@ -152,7 +152,7 @@ class OneAgentSampler:
         """The loop's buffers as a ``[T, B]`` trajectory (views; ``next_obs`` dense);
         a released buffer's again as the views it was handed out with."""
         group = traj.groups[self._pid]
-        kept = self._released.get(id(group.reward))
+        kept = self._released.pop(id(group.reward), None)  # (once: else it pins the memory)
         owner = group.reward if group.reward.base is None else group.reward.base  # type: ignore[union-attr]
         if kept is not None and getattr(kept.reward, "base", None) is owner:
             fresh = {"extras": _one(group.extras), "valid": traj.valid}
