@@ -105,7 +105,8 @@ print("ok")
 
 def test_async_send_and_recv_refuse_what_envpool_would_mishandle() -> None:
     """Async mode: wrong dtypes, negative, repeated, out-of-range or in-flight env ids
-    are refused before anything is sent; ``recv`` with fewer envs in flight than
+    are refused before anything is sent (an answer's own ids, sent back whole, are known
+    good); ``recv`` with fewer envs in flight than
     ``batch_size`` is refused instead of waiting forever; ``reset`` works again once
     nothing is in flight, and a seeded one while envs step leaves the pool as it was."""
     out = _run_child(
@@ -134,6 +135,15 @@ assert np.array_equal(obs, expected)
 for _ in range(3):  # and stepping after it
     envs.send(np.ones(4, np.int64))
     assert len(envs.recv().env_ids) == 2 and len(envs.recv().env_ids) == 2
+# An answer's env ids sent back whole skip the checks: they cannot be edited, and once
+# part of them is sent they are checked again.
+envs.send(np.ones(4, np.int64))
+answer = envs.recv().env_ids
+assert not answer.flags.writeable
+envs.send(np.zeros(1, np.int64), answer[:1])
+assert "still stepping" in refused(InvalidArgumentError, envs.send, one, answer)
+envs.send(np.zeros(1, np.int64), answer[1:])
+assert sorted(envs.recv().env_ids.tolist() + envs.recv().env_ids.tolist()) == [0, 1, 2, 3]
 print("ok")
 """
     )

@@ -92,6 +92,9 @@ class EnvPoolAsyncVectorEnv(NoSubEnvAccess, VectorEnv):
         # Sent and not yet answered (held final steps included): what EnvPool has in flight.
         self._in_flight = np.zeros(num_envs, np.bool_)
         self._num_in_flight = 0
+        # recv's env_ids arrays (read-only) not yet sent again, by id(): sent back whole,
+        # their envs are known distinct, in range and answered, so they skip the checks.
+        self._answered: dict[int, np.ndarray] = {}
         self._action_shape, action_dtype = space_arrays.leaf_spec(self.single_action_space)
         # Actions of reset steps, which EnvPool ignores.
         self._reset_actions = np.zeros((batch_size, *self._action_shape), action_dtype)
@@ -152,7 +155,12 @@ class EnvPoolAsyncVectorEnv(NoSubEnvAccess, VectorEnv):
 
     def send(self, actions: Any, env_ids: EnvIds = None) -> None:
         self._check_open("step")
-        ids = check_env_ids(env_ids, self.num_envs, self._in_flight, type(self).__name__)
+        answered = self._answered.pop(id(env_ids), None)
+        if answered is not None:
+            ids = answered.astype(np.int32)  # (a copy: EnvPool may read it later)
+        else:  # other ids: checked; an answer partly sent is no longer known free
+            self._answered.clear()
+            ids = check_env_ids(env_ids, self.num_envs, self._in_flight, type(self).__name__)
         actions = self._action_check(actions, ids)
         self._calls.send(actions, ids)
         self._in_flight[ids] = True
@@ -167,10 +175,12 @@ class EnvPoolAsyncVectorEnv(NoSubEnvAccess, VectorEnv):
                 f"{self.batch_size - self._num_in_flight} more envs first."
             )
         out = self._recv_with_reset_steps() if self.keep_reset_steps else self._recv_real_steps()
-        answered = np.asarray(out.env_ids)
+        answered = out.env_ids
         self._in_flight[answered] = False
         self._num_in_flight -= len(answered)
         self._check_finite(out, answered)
+        answered.flags.writeable = False  # (a caller's edit would void what send trusts)
+        self._answered[id(answered)] = answered
         return out
 
     def _check_finite(self, out: BatchStep, ids: np.ndarray) -> None:
