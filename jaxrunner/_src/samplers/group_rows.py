@@ -30,7 +30,6 @@ class GroupRows:
             rows = -(-size // gs.chunk_rows) * gs.chunk_rows
             call = gs.compiled(size, size if envs == gs.num_envs else -rows)  # all: rows are slots
             self._buckets[envs] = (call, call.new_stage())
-        self._row_ids = np.arange(gs.rows)
         self._queued: Any = None  # the last dispatch: its pending step, envs, stage rows, call, obs
 
     def dispatch(self, params: Params, last: GroupBuffers, index: np.ndarray, envs: int) -> None:
@@ -42,7 +41,7 @@ class GroupRows:
         call, stage = self._buckets[envs]
         a_g = gs.group.num_agents
         slots = index if a_g == 1 else (index[:, None] * a_g + np.arange(a_g)).ravel()
-        at = slots if envs == gs.num_envs else self._row_ids[: len(slots)]
+        at = slots if envs == gs.num_envs else slice(0, len(slots))  # (a slice: views)
         obs = [x[slots] for x in tree_leaves(last.obs_rows)]  # the buffers' copy too
         for dst, rows in zip(tree_leaves(stage.obs), obs):
             dst[at] = rows
@@ -68,7 +67,7 @@ class GroupRows:
         action, env_action, extras = call.collect(pending)
         lead = (len(index),) if gs.always_acting else (len(index), gs.group.num_agents)
 
-        def mine(x: np.ndarray) -> np.ndarray:  # a fresh array: the backend may keep it
+        def mine(x: np.ndarray) -> np.ndarray:  # rows of this call's own output: kept safe
             return x[at].reshape(*lead, *x.shape[1:])
 
         own = mine(action) if isinstance(action, np.ndarray) else jax.tree.map(mine, action)
