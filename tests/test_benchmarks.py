@@ -563,6 +563,20 @@ def test_envpool_modes_times_each_mode_against_both_hand_loops(tmp_path):
     )
 
 
+def test_cold_policy_call_times_each_call_after_an_envpool_step(tmp_path):
+    pytest.importorskip("envpool")
+    out = tmp_path / "cold_policy_call.json"
+    _run("cold_policy_call.py", "--num-envs", "4", "--calls", "3", "--rounds", "2",
+         "--out", str(out))  # fmt: skip
+    (row,) = json.loads(out.read_text())["results"]
+    calls = {"tiny", "hand_policy", "runner_step", "numpy_mlp"}
+    assert row["num_envs"] == 4 and set(row["median_us"]) == {
+        "back_to_back", "after_sleep", "after_envpool_step"
+    }  # fmt: skip
+    assert all(set(c) == calls and min(c.values()) > 0 for c in row["median_us"].values())
+    assert set(row["over_back_to_back"]) == {"after_sleep", "after_envpool_step"}
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a layout needs 2 CPUs")
 def test_envpool_thread_layouts_place_each_thread_where_the_layout_says(tmp_path):
     pytest.importorskip("envpool")
