@@ -547,6 +547,16 @@ def test_envpool_step_overhead_times_each_part(tmp_path):
     assert row["median_us"]["step_batch"] > 0 and row["median_us"]["adapter_work"] > 0
 
 
+def test_trial_time_builds_from_env_with_and_without_the_drop(tmp_path):
+    out = tmp_path / "trial_time.json"
+    _run("trial_time.py", "--cases", "cartpole:16", "--rounds", "1", "--out", str(out))
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["case"] == "cartpole:16" and row["drop_over_no_drop"] > 0
+    assert set(row["build_s"]) == set(row["kept"]) == {"drop", "no_drop"}
+    assert all(len(s) == 1 and s[0] > 0 for s in row["build_s"].values())
+    assert all(len(k) == 1 and k[0] for k in row["kept"].values())
+
+
 def test_envpool_modes_times_each_mode_against_both_hand_loops(tmp_path):
     pytest.importorskip("envpool")
     out = tmp_path / "envpool_modes.json"
