@@ -67,7 +67,7 @@ class GroupRows:
         action, env_action, extras = call.collect(pending)
         lead = (len(index),) if gs.always_acting else (len(index), gs.group.num_agents)
 
-        def mine(x: np.ndarray) -> np.ndarray:  # rows of this call's own output: kept safe
+        def mine(x: np.ndarray) -> np.ndarray:  # of this call's own output: the backend may keep it
             return x[at].reshape(*lead, *x.shape[1:])
 
         own = mine(action) if isinstance(action, np.ndarray) else jax.tree.map(mine, action)
