@@ -1,7 +1,7 @@
 """A policy call right after an EnvPool step, against the same call back to back.
 
 Beside EnvPool, the compiled policy step of the runner and the hand loop's jitted policy
-both take about twice what they take called back to back. This times, in one process,
+both take two to three times what they take called back to back. This times, in one process,
 each call on its own (``back_to_back``), right after a sleep of ``--sleep-us``
 (``after_sleep``: the CPU idled) and right after a sync EnvPool step of ``--num-envs``
 CartPoles (``after_envpool_step``), ``--calls`` times each, in interleaved rounds:
