@@ -9,15 +9,16 @@ from typing import Any
 import pytest
 
 
-def kill_actor(actor: Any) -> None:
-    """Kills a Ray env actor for good and returns once it is dead (``ray.kill`` is
-    asynchronous: a call made right after it may still be answered)."""
+def kill_actor(actor: Any, ping: str = "num_restarts") -> None:
+    """Kills a Ray actor (an env actor; another with the name of a method to call,
+    ``ping``) for good and returns once it is dead (``ray.kill`` is asynchronous: a call
+    made right after it may still be answered)."""
     import ray
 
     ray.kill(actor, no_restart=True)
     with pytest.raises(ray.exceptions.RayActorError):
         for _ in range(100):
-            ray.get(actor.num_restarts.remote(), timeout=10)
+            ray.get(getattr(actor, ping).remote(), timeout=10)
             time.sleep(0.05)
 
 

@@ -24,6 +24,7 @@ from jaxrunner._src.testing.jax_envs import RandomWalk
 from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
 from jaxrunner.models import mlp_policy
 from jaxrunner.testing import CountingEnv, counting_env_fns
+from tests.ray_helpers import kill_actor
 
 POLICY = functools.partial(mlp_policy, hidden=(16, 16))
 
@@ -447,8 +448,10 @@ def test_group_merges_statistics_exactly_broadcasts_them_and_restarts_from_them(
             jr.testing.assert_trees_equal(
                 obs_stats(state), jax.device_get(merged[0]), "runner stats"
             )
-        ray.kill(group.runner_actors[1])
+        victim = group.runner_actors[1]
+        kill_actor(victim, "get_connector_state")
         group.sample()  # runner 1 is found dead and replaced
+        assert group.runner_actors[1] is not victim
         group.wait_until_healthy(120.0)
         state = ray.get(group.runner_actors[1].get_connector_state.remote())
         latest = jax.device_get(group.connector_statistics[0])
