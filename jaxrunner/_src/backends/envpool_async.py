@@ -5,7 +5,7 @@ rows). See docs/backends/envpool.md."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
@@ -175,7 +175,7 @@ class EnvPoolAsyncVectorEnv(NoSubEnvAccess, VectorEnv):
                 f"{self.batch_size - self._num_in_flight} more envs first."
             )
         out = self._recv_with_reset_steps() if self.keep_reset_steps else self._recv_real_steps()
-        answered = out.env_ids
+        answered = cast(np.ndarray, out.env_ids)  # (an array: EnvPool's answer)
         self._in_flight[answered] = False
         self._num_in_flight -= len(answered)
         self._check_finite(out, answered)
