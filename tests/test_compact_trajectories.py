@@ -309,6 +309,19 @@ def test_a_stopped_runner_lets_go_of_what_it_kept_for_reuse(how: str) -> None:
     assert block() is None
 
 
+@pytest.mark.parametrize("backend", ["sync", "ready-first"])
+def test_a_stopped_runner_lets_go_of_its_last_sample_too(backend: str) -> None:
+    # The loop keeps views of the latest sample (the rows its episodes read, the leaves
+    # its steps write) until the next one: stop() drops them.
+    runner = _runner(BACKENDS[backend]())
+    runner.sample()
+    last = runner.sample()
+    block = weakref.ref(last.reward.base)
+    del last
+    runner.stop()
+    assert block() is None
+
+
 def test_release_refuses_what_it_did_not_hand_out() -> None:
     with _runner(BACKENDS["sync"]()) as runner, _runner(BACKENDS["sync"]()) as other:
         traj = runner.sample()

@@ -851,3 +851,25 @@ def test_an_answer_holds_while_the_next_step_runs(pools: int) -> None:
             for x, copy in zip(fields, held):
                 np.testing.assert_array_equal(x, copy, f"step {t}: an answer changed")
         envs.recv()
+
+
+def test_a_stopped_async_runner_lets_go_of_its_last_sample_and_the_one_begun_early(
+    mlp: Callable,
+) -> None:
+    """Async mode begins the next sample's rollout before a sample returns; ``stop()``
+    lets go of it and of the last sample's memory (the loop's own views of both)."""
+    import weakref
+
+    envs = _envpool(4, batch_size=2)
+    policy = mlp(envs.single_action_space)
+    params = policy.init(jax.random.key(1), envs.single_observation_space)
+    runner = jr.EnvRunner(envs, policy, params, rollout_length=8, seed=SEED)
+    runner.sample()
+    last = runner.sample()
+    (ahead,) = runner.sampler.ready_first.bufs
+    blocks = [weakref.ref(last.reward.base), weakref.ref(ahead.traj.env_done.base)]
+    assert blocks[0]() is not blocks[1]()
+    del last, ahead
+    runner.stop()
+    assert blocks[0]() is None, "the last sample's memory is still held"
+    assert blocks[1]() is None, "the rollout begun early is still held"

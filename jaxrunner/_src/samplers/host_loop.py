@@ -169,12 +169,11 @@ class HostLoop:
         perf: dict[str, float],
         progress: StepProgress | None,
     ) -> None:
-        """Every split steps in turn, answered in the order sent; ``self._steps`` counts
-        the steps every env has recorded. A backend that steps at ``recv`` (in this
-        thread) gets a split's actions just before it steps, so each split's policy
-        step computes while the other splits' envs step; where the answers hold
-        (``answers_held``), step t is recorded while step t + 1 runs (unless per-step
-        callbacks read it)."""
+        """Every split steps in turn, answered in the order sent (``self._steps``: the steps
+        every env has recorded). A backend that steps at ``recv`` (in this thread) gets a
+        split's actions just before it steps, so each split's policy step computes while
+        the others' envs step; where answers hold (``answers_held``), step t is recorded
+        while step t + 1 runs (unless per-step callbacks read it)."""
         num_steps, num_envs, recv = self.rollout_length, self._num_envs, self.envs.recv
         defer = not self.envs.capabilities.steps_in_background
         late = not defer and self.envs.capabilities.answers_held and self._live is None
@@ -304,8 +303,13 @@ class HostLoop:
         self.metrics.sample_time_s += perf_counter() - clock
         return traj.replace(groups=groups)
 
-    def free_buffers(self) -> None:  # (the runner stopped)
+    def free_buffers(self) -> None:  # (the runner stopped: the last sample's views too)
         self._pool.clear()
+        self._rows = self._rows_of = None
+        for gs in self.groups.values():
+            gs.begin([])
+        if self.ready_first is not None:  # (the next sample's rollout, begun early)
+            self.ready_first.bufs.clear()
 
     def release(self, traj: MultiAgentTrajectory) -> None:
         """Takes back ``traj`` (a sample's result the caller is done with) for reuse."""
@@ -323,10 +327,9 @@ class HostLoop:
     def set_state(
         self, state: MultiAgentSamplerState, live: list[LiveEpisode] | None = None
     ) -> None:
-        """Takes ``state`` (a :meth:`get_state`, shapes and dtypes checked by the caller)
-        as its own: sampling goes on exactly where it was taken, provided the envs are in
-        their saved state too; the callbacks' live episodes as ``live`` (else they
-        restart)."""
+        """Takes ``state`` (a :meth:`get_state`, checked by the caller): sampling goes on
+        exactly where it was taken if the envs are in their saved state too; ``live``: the
+        callbacks' live episodes (None: they restart)."""
         if self.ready_first is not None:
             self.ready_first.check_not_ahead()
         self._book.set_state(state.book)
@@ -351,10 +354,9 @@ class HostLoop:
             self._infos.set_state(names)
 
     def restart_episodes(self, seeds: list[int]) -> None:
-        """After :meth:`set_state` when the envs could not be restored: resets sub-env
-        ``i`` with ``seeds[i]`` and starts a new env episode (the next free ids, in env
-        order) and new agent episodes (carries restart) in each; the episodes under way
-        are abandoned, uncounted."""
+        """After :meth:`set_state` where the envs could not be restored: resets sub-env
+        ``i`` with ``seeds[i]``; new env and agent episodes start (the next free ids, in env
+        order; carries restart), those under way are abandoned, uncounted."""
         self._last = self.envs.reset_batch(seeds)
         if self.ready_first is not None:
             self.ready_first.restart()
