@@ -57,10 +57,8 @@ class HostLoop:
         ready_first = envs.capabilities.ready_first  # (its options checked by the runner)
         costs = {g.policy_id: group_cost(g, setup, num_envs) for g in envs.groups}
         # The blocks each sample starts with (ready-first: every env, then those answered).
-        if ready_first:
-            self.splits = [slice(0, num_envs)]
-        else:
-            self.splits = pipeline_splits(envs, num_splits, list(costs.values()))
+        splits = [slice(0, num_envs)] if ready_first else None
+        self.splits = splits or pipeline_splits(envs, num_splits, list(costs.values()))
         self._book = EpisodeBook(num_envs)
         # A single-agent env: its one group's arrays are the env-level ones.
         self._one_agent = getattr(envs, "one_agent", False)
