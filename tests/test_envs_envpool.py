@@ -813,15 +813,15 @@ def test_a_send_that_fails_after_a_step_keeps_that_step(monkeypatch) -> None:
     with jr.EnvRunner(_envpool(4), policy, params, 8, seed=SEED) as runner:
         clean = runner.sample()
     sends = []
-    real = EnvPoolVectorEnv._check_actions
+    real = EnvPoolVectorEnv._send
 
-    def failing(self, actions):
+    def failing(self, actions, env_ids, checked):
         sends.append(1)
         if len(sends) == 4:
             raise InvalidArgumentError("step 3's actions refused (the test's)")
-        return real(self, actions)
+        return real(self, actions, env_ids, checked)
 
-    monkeypatch.setattr(EnvPoolVectorEnv, "_check_actions", failing)
+    monkeypatch.setattr(EnvPoolVectorEnv, "_send", failing)
     runner = jr.EnvRunner(_envpool(4), policy, params, 8, seed=SEED)
     with runner, pytest.raises(InvalidArgumentError, match="the test's") as caught:
         runner.sample()

@@ -173,3 +173,38 @@ print("ok")
 """
     )
     assert out.strip().endswith("ok")
+
+
+@pytest.mark.parametrize(
+    "mode", [{}, {"batch_size": 2}, {"num_pools": 2}], ids=["sync", "async", "pools"]
+)
+def test_a_runner_skips_the_check_its_policy_step_made_and_refuses_what_it_flagged(
+    mode: dict,
+) -> None:
+    """The runner's policy step checks the actions' values in its compiled graph, so
+    the backend skips its own check; a bad action there goes through the backend's
+    check, which refuses it (naming the task, sub-env and value) before EnvPool's C++
+    sees it."""
+    out = _run_child(
+        f"""
+import jax.numpy as jnp
+envs = jr.make_vec("CartPole-v1", 4, backend="envpool", **{mode!r})
+sends = {{"send": 0, "send_checked": 0}}
+for name in sends:  # count the vector env's sends of each kind
+    orig = getattr(type(envs), name)
+    def counted(self, *args, _name=name, _orig=orig):
+        sends[_name] += 1
+        return _orig(self, *args)
+    setattr(type(envs), name, counted)
+policy = jr.Policy(apply_fn=lambda p, o, c, k: (jnp.full(len(k), p["a"], jnp.int32), {{}}, None))
+runner = jr.EnvRunner(envs, policy, {{"a": jnp.int32(1)}}, rollout_length=3, seed=0)
+runner.sample()
+assert sends["send"] == 0 and sends["send_checked"] > 0, sends
+runner.set_params({{"a": jnp.int32(2)}})
+message = refused(InvalidActionError, runner.sample)
+assert "CartPole-v1" in message and "action 2" in message and "sub-env" in message, message
+assert sends["send"] >= 1, sends
+print("ok")
+"""
+    )
+    assert out.strip().endswith("ok")

@@ -167,6 +167,43 @@ def test_the_inline_batch_test_passes_only_what_the_checks_accept(space, lead) -
     assert passes(good)
 
 
+@pytest.mark.parametrize("space", LEAVES, ids=lambda space: type(space).__name__)
+def test_the_policy_steps_check_says_what_the_inline_test_says(space) -> None:
+    """batch_passes (traced in the policy step, so the backends skip their check) agrees
+    with passing_batch_test on the host copy, row by row out of range or not finite, in
+    every dtype a policy's output may have; None where the inline test would not cover
+    the dtype (the host checks those)."""
+    passes = space_arrays.passing_batch_test(space, (5,))
+    flag = jax.jit(lambda batch: space_arrays.batch_passes(space, batch))
+    shape, dtype = space_arrays.leaf_spec(space)
+    space.seed(0)
+    good = np.stack([space.sample() for _ in range(5)]).astype(dtype)
+    if dtype.kind == "f":
+        values, dtypes = (np.nan, np.inf, -np.inf, 3e38, 9.0), (np.float32, np.float16)
+    else:
+        low = int(np.min(getattr(space, "start", 0)))
+        values = (low - 1, low + 99, 2**31 - 1, -(2**31), 255)
+        dtypes = (np.int32, np.uint8, np.uint32, np.int8)
+    checked = 0
+    for out_dtype in dtypes:
+        for row in range(5):
+            for value in (None, *values):
+                batch = good.astype(out_dtype)
+                if value is not None:
+                    with np.errstate(over="ignore", invalid="ignore"):
+                        batch.reshape(5, -1)[row, -1] = np.array(value).astype(out_dtype)
+                traced = flag(jnp.asarray(batch))
+                assert traced is not None and traced.dtype == np.bool_, (space, out_dtype)
+                assert bool(traced) == passes(batch), (space, batch)
+                checked += 1
+    assert checked == len(dtypes) * 5 * (len(values) + 1)
+    # What check_policy_actions refuses after the step is traced, and composites: None.
+    for other in (jnp.zeros((5, *shape), jnp.bool_), jnp.zeros((5, 7)), jnp.int32(1)):
+        assert space_arrays.batch_passes(space, other) is None
+    assert space_arrays.batch_passes(space, {"a": jnp.asarray(good)}) is None
+    assert space_arrays.batch_passes(spaces.Tuple([space]), (jnp.asarray(good),)) is None
+
+
 @pytest.mark.filterwarnings("error:overflow:RuntimeWarning")  # huge finite rows: no warning
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
 def test_non_finite_box_actions_are_refused_before_the_env_steps(value) -> None:

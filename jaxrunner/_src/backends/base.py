@@ -114,6 +114,11 @@ class BaseVectorEnv(abc.ABC):
         self._check_open("get_num_restarts")
         return self.num_restarts
 
+    def send_checked(self, actions: Any, env_ids: EnvIds = None) -> None:
+        """``send`` of actions that pass its checks (a sampler's policy step checked their
+        values): a backend whose check costs skips it."""
+        self.send(actions, env_ids)  # type: ignore[attr-defined]
+
     @abc.abstractmethod
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
@@ -124,8 +129,7 @@ class BaseVectorEnv(abc.ABC):
 
     @abc.abstractmethod
     def set_attr(self, name: str, values: Any) -> None:
-        """Sets attribute ``name`` of every sub-env (one value per sub-env, or one for
-        all)."""
+        """Sets attribute ``name`` of every sub-env (one value each, or one for all)."""
 
     @abc.abstractmethod
     def render(self) -> Any:
@@ -133,9 +137,8 @@ class BaseVectorEnv(abc.ABC):
 
     def get_sub_environments(self) -> list[Any]:
         """One entry per sub-env, in index order: the env object where it lives in this
-        process, else a :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle`,
-        which reaches that sub-env alone, even after a restart. This base refuses: a
-        backend that can reach its sub-envs one by one overrides it."""
+        process, else a :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle`
+        (that sub-env alone, even after a restart). Refused where not overridden."""
         self._check_open("get_sub_environments")
         raise InvalidArgumentError(
             f"{type(self).__name__}.get_sub_environments(): this backend cannot reach its "
@@ -187,8 +190,8 @@ class BaseVectorEnv(abc.ABC):
         self.close()
 
     def __del__(self) -> None:
-        # Backends holding processes need a finalizer.
-        # (No contextlib here: module globals may be gone at interpreter exit.)
+        # A finalizer for backends holding processes (no contextlib: module globals may
+        # be gone at interpreter exit).
         try:  # noqa: SIM105
             self.close()
         except Exception:
@@ -275,8 +278,7 @@ class VectorEnv(GroupedAgents, BaseVectorEnv, gymnasium.vector.VectorEnv):
         """Resets sub-env ``index`` only; returns its observation and info."""
 
     def _obs_buffer(self) -> Any:
-        """The current observations, ``[B, ...]`` (a view of the env's buffer): ``_obs``
-        where the backend keeps them there."""
+        """The current observations, ``[B, ...]``: a view of the backend's ``_obs``."""
         return self._obs  # type: ignore[attr-defined]
 
     def reset(

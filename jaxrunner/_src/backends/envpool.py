@@ -161,21 +161,24 @@ class EnvPoolVectorEnv(NoSubEnvAccess, GymnasiumVectorEnv):
     def send(self, actions: Any, env_ids: EnvIds = None) -> None:
         """With ``keep_reset_steps``, hands the actions to EnvPool at once (its threads
         step while the runner records them)."""
-        if not self.keep_reset_steps:
+        self._send(actions, env_ids, checked=False)
+
+    def send_checked(self, actions: Any, env_ids: EnvIds = None) -> None:
+        self._send(actions, env_ids, checked=True)
+
+    def _send(self, actions: Any, env_ids: EnvIds, checked: bool) -> None:
+        if not self.keep_reset_steps:  # (its send keeps the actions for its recv)
             super().send(actions, env_ids)
             return
         self._check_open("step")
         n = self.num_envs
-        if block_rows(env_ids, n, type(self).__name__) != (0, n):
+        if env_ids is not None and block_rows(env_ids, n, type(self).__name__) != (0, n):
             raise InvalidArgumentError(
                 f"EnvPoolVectorEnv.send(env_ids={env_ids!r}): sync mode steps all {n} sub-envs "
                 "at once; pass None (async mode, make_vec(..., batch_size=k), steps subsets)."
             )
-        self.send_checked(self._check_actions(actions))
-
-    def send_checked(self, actions: Any) -> None:
-        """With ``keep_reset_steps``: :meth:`send` of every sub-env's actions, already
-        checked (EnvPool pools stepped in turn check a send to several pools whole)."""
+        if not checked:
+            actions = self._check_actions(actions)
         self._check_not_sending("send")
         self._call("step", self._calls.send, actions)
         self._sending = True

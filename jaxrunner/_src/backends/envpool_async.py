@@ -154,6 +154,12 @@ class EnvPoolAsyncVectorEnv(NoSubEnvAccess, VectorEnv):
         )
 
     def send(self, actions: Any, env_ids: EnvIds = None) -> None:
+        self._send(actions, env_ids, checked=False)
+
+    def send_checked(self, actions: Any, env_ids: EnvIds = None) -> None:
+        self._send(actions, env_ids, checked=True)
+
+    def _send(self, actions: Any, env_ids: EnvIds, checked: bool) -> None:
         self._check_open("step")
         answered = self._answered.pop(id(env_ids), None)
         if answered is not None:
@@ -161,7 +167,8 @@ class EnvPoolAsyncVectorEnv(NoSubEnvAccess, VectorEnv):
         else:  # other ids: checked; an answer partly sent is no longer known free
             self._answered.clear()
             ids = check_env_ids(env_ids, self.num_envs, self._in_flight, type(self).__name__)
-        actions = self._action_check(actions, ids)
+        if not checked:
+            actions = self._action_check(actions, ids)
         self._calls.send(actions, ids)
         self._in_flight[ids] = True
         self._num_in_flight += len(ids)

@@ -94,6 +94,12 @@ class EnvPoolPoolsVectorEnv(NoSubEnvAccess, VectorEnv):
         return obs, _global_info(info, self.bounds[k])
 
     def send(self, actions: Any, env_ids: EnvIds = None) -> None:
+        self._send(actions, env_ids, checked=False)
+
+    def send_checked(self, actions: Any, env_ids: EnvIds = None) -> None:
+        self._send(actions, env_ids, checked=True)
+
+    def _send(self, actions: Any, env_ids: EnvIds, checked: bool) -> None:
         self._check_open("step")
         lo, hi = block_rows(env_ids, self.num_envs, type(self).__name__)
         first = self.bounds.index(lo) if lo in self.bounds else -1
@@ -105,7 +111,8 @@ class EnvPoolPoolsVectorEnv(NoSubEnvAccess, VectorEnv):
             )
         # Checked whole, once, before any pool steps (an error names the sub-env, not its
         # row in its pool).
-        actions = self._action_check(actions, self._ids[lo:hi])  # (a list: as an array)
+        if not checked:
+            actions = self._action_check(actions, self._ids[lo:hi])  # (a list: as an array)
         pools = list(range(first, self.bounds.index(hi)))
         busy = sorted({k for sent in self._sent for k in sent} & set(pools))
         if busy:
@@ -121,10 +128,7 @@ class EnvPoolPoolsVectorEnv(NoSubEnvAccess, VectorEnv):
             for k in pools
         ]
         for k, part in zip(pools, parts):
-            if self.keep_reset_steps:
-                self.pools[k].send_checked(part)
-            else:  # (its send keeps the actions for its recv, checking them again)
-                self.pools[k].send(part)
+            self.pools[k].send_checked(part)
         self._sent.append(pools)
 
     def recv(self) -> BatchStep:

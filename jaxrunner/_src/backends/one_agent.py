@@ -78,6 +78,12 @@ class OneAgentSteps:
         else:
             self.envs.send(action, env_ids)
 
+    def send_checked(self, actions: Sequence[Any], env_ids: EnvIds = None) -> None:
+        if self._inline:
+            self.send(actions, env_ids)
+        else:
+            self.envs.send_checked(actions[0], env_ids)
+
     def recv(self) -> MultiAgentStep:
         if self._inline:
             return self.group_step(self.envs.step_batch(*self._sent.popleft()))

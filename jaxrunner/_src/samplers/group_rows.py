@@ -64,7 +64,7 @@ class GroupRows:
         gs = self.gs
         pending, index, at, call, obs = self._queued
         self._queued = None
-        action, env_action, extras = call.collect(pending)
+        action, env_action, extras, gs.passed = call.collect(pending)
         lead = (len(index),) if gs.always_acting else (len(index), gs.group.num_agents)
 
         def mine(x: np.ndarray) -> np.ndarray:  # of this call's own output: the backend may keep it

@@ -97,7 +97,7 @@ class GroupSampler:
         def compiled(size: int) -> CompiledPolicyStep:
             return CompiledPolicyStep(
                 policy, params, self.state, size, first.obs_rows, connectors, self.packing,
-                chunk_rows=chunk_rows,
+                chunk_rows=chunk_rows, action_space=group.action_space,
             )  # fmt: skip
 
         self._compile, self.chunk_rows = compiled, chunk_rows
@@ -131,6 +131,7 @@ class GroupSampler:
         self.clip = space_arrays.clip_box_actions(group.action_space)
         self.fill_idle = None if one_agent else space_arrays.idle_action_filler(group.action_space)
         self._unrecorded: Any = None  # the actions collect() took, until they are sent
+        self.passed = False  # they passed the backends' check of their values (send_checked)
         self.awaiting = np.zeros(shape, np.bool_)  # AEC: last transition not completed yet
         # Agent-episode returns and lengths across samples (for the metrics).
         self.running_return = np.zeros(shape, np.float64)
@@ -241,7 +242,8 @@ class GroupSampler:
         are sent. Returns the env's actions, ``[n, A_g, ...]``."""
         block = self._blocks[lo, hi]
         # The block's own rows (padding dropped), on the agent axis: [n, A_g, ...].
-        action, env_action, extras = block.call.collect(self.pending.pop((lo, hi)), block.lead)
+        pending = self.pending.pop((lo, hi))
+        action, env_action, extras, self.passed = block.call.collect(pending, block.lead)
         obs = block.source_leaves[1]  # the observations it acted on
         if self.same_step:
             obs_dst, action_dst, extras_dst, _ = self._traj_leaves

@@ -77,21 +77,12 @@ class HostLoop:
                 return f"agent {agents[row % len(agents)]!r} of sub-env {row // len(agents)}"
 
             self.groups[pid] = GroupSampler(
-                group,
-                first.groups[pid],
-                setup.policies[pid],
-                setup.params[pid],
-                setup.seed,
-                num_envs,
-                offset,
-                num_possible,
-                setup.connectors.get(pid),
-                same_step=not envs.turn_based,
-                blocks=self.splits,
+                group, first.groups[pid], setup.policies[pid], setup.params[pid], setup.seed,
+                num_envs, offset, num_possible, setup.connectors.get(pid),
+                same_step=not envs.turn_based, blocks=self.splits,
                 infos=None if self._infos is None else self._infos.share(label),
-                one_agent=self._one_agent,
-                chunk_rows=costs[pid].chunk_rows,
-            )
+                one_agent=self._one_agent, chunk_rows=costs[pid].chunk_rows,
+            )  # fmt: skip
             offset += group.num_agents
         self._parts = list(self.groups.items())
         # The sample's buffers as live episodes read them (a single agent's: [T, B] views).
@@ -226,12 +217,14 @@ class HostLoop:
     def _send(self, lo: int, hi: int, perf: dict[str, float], t: int) -> None:
         """Takes block ``[lo, hi)``'s queued actions for its step ``t``, sends, records them."""
         clock = perf_counter()
-        actions = []  # (a loop: a comprehension's frame, and its cells, cost more per step)
+        actions, passed = [], True  # (a loop: a comprehension's frame costs more per step)
         for _, gs in self._parts:
             actions.append(gs.collect(t, lo, hi))
+            passed = passed and gs.passed
         tick = perf_counter()
         perf["inference_ms"] += tick - clock  # the wait for the policy's result
-        self.envs.send(actions, None if hi - lo == self._num_envs else slice(lo, hi))
+        send = self.envs.send_checked if passed else self.envs.send
+        send(actions, None if hi - lo == self._num_envs else slice(lo, hi))
         clock = perf_counter()
         perf["env_wait_ms"] += clock - tick
         for _, gs in self._parts:  # a background backend steps meanwhile

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxrunner._src.samplers.keys as keys
+from jaxrunner._src import space_arrays
 from jaxrunner._src.connectors.pipeline import POLICY_OBS, Connectors, ConnectorsState
 from jaxrunner._src.connectors.state_packing import StatePacking
 from jaxrunner._src.connectors.state_rows import keep_active, put_rows, take_rows
@@ -229,6 +230,7 @@ class CompiledPolicyStep:
         packing: StatePacking | None = None,
         *,
         chunk_rows: int | None = None,
+        action_space: Any = None,
     ) -> None:
         num_envs = int(state.env_steps.shape[0])
         self.num_envs, self.chunk_rows = num_envs, chunk_rows
@@ -260,13 +262,16 @@ class CompiledPolicyStep:
                 )
             if packing is not None:
                 state = state.replace(connectors=packing.pack(state.connectors))
-            if self._env_actions:
-                return (action, env_action, extras), state
-            return (action, extras), state
+            outputs = (action, env_action, extras) if self._env_actions else (action, extras)
+            # The backends' per-step check of the values, done here: one flag on the host.
+            if action_space is not None:
+                passes = space_arrays.batch_passes(action_space, env_action)
+                outputs += () if passes is None else (passes,)
+            return outputs, state
 
         obs_rows = jax.tree.map(lambda x: np.zeros((rows, *np.shape(x)[1:]), x.dtype), obs_example)
         example = (obs_rows, np.zeros(rows, np.bool_), np.zeros(rows, np.int32))
-        key = (size, chunk_rows, packing_layout(packing))  # (rows and envs: in the avals)
+        key = (size, chunk_rows, packing_layout(packing), repr(action_space))  # (rows, envs: avals)
         key += (avals(params), avals(state), avals(example), *jax_settings())
         program = kept_for(
             policy,
@@ -275,10 +280,13 @@ class CompiledPolicyStep:
             lambda: compile_packed(step, (params, state), example, donate_argnums=(1,)),
         )
         self._step, self._in_packing, self._out_packing = program[:3]
+        # The last output, where there is one more: whether the env's actions pass.
+        self.checks_actions = len(program.output_spec) > 2 + self._env_actions
         # Shapes and dtypes for num_envs rows (what a [T, B] buffer holds): of (action,
         # extras), and with action connectors of the actions the env gets (else None).
         spec = jax.tree.map(
-            lambda s: jax.ShapeDtypeStruct((num_envs, *s.shape[1:]), s.dtype), program.output_spec
+            lambda s: jax.ShapeDtypeStruct((num_envs, *s.shape[1:]), s.dtype),
+            program.output_spec[: 2 + self._env_actions],
         )
         self.env_output_spec: tuple[Any, Any] = (spec[0], spec[-1])
         self.env_action_spec: Any = spec[1] if self._env_actions else None
@@ -309,25 +317,28 @@ class CompiledPolicyStep:
 
     def collect(
         self, pending: Any, lead: tuple[int, ...] | None = None
-    ) -> tuple[Any, Any, list[np.ndarray]]:
+    ) -> tuple[Any, Any, list[np.ndarray], bool]:
         """Waits for a dispatched step; returns numpy views of the action and of the
         env's action (pytrees; the same object without action connectors) and of the
         extras' leaves in ``jax.tree.leaves`` order, ``[rows, ...]`` each (the step's
-        one device->host transfer). With ``lead`` (e.g. ``(envs, agents)``), views of
-        the first ``prod(lead)`` rows only, shaped ``[*lead, ...]``."""
+        one device->host transfer), and whether every row of the env's action passed
+        the backends' check of its values in the step (False where not checked). With
+        ``lead`` (e.g. ``(envs, agents)``), views of the first ``prod(lead)`` rows only,
+        shaped ``[*lead, ...]``."""
         if _D2H_GUARD.value in _NO_GUARD:
             host = np.asarray(pending)
         else:
             with self._allow_d2h:
                 host = np.asarray(pending)
         leaves = self._out_packing.host_leaves(host, lead)
+        passed = self.checks_actions and bool(leaves.pop())
         if self._action_is_leaf and not self._env_actions:  # the common case: no tree
-            return leaves[0], leaves[0], leaves[1:]
+            return leaves[0], leaves[0], leaves[1:], passed
         num = self._action_treedef.num_leaves
         action = self._unflatten(leaves[:num])
         if not self._env_actions:
-            return action, action, leaves[num:]
-        return action, self._unflatten(leaves[num : 2 * num]), leaves[2 * num :]
+            return action, action, leaves[num:], passed
+        return action, self._unflatten(leaves[num : 2 * num]), leaves[2 * num :], passed
 
     def _unflatten(self, leaves: list[np.ndarray]) -> Any:
         # The common case (one array) without a tree rebuilt per step.

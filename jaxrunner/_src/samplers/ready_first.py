@@ -231,6 +231,8 @@ class ReadyFirst:
             rows.collect([(ro.leaves[pid], t, envs, sel) for ro, t, envs, sel in parts])
             for pid, rows in self.rows
         ]
+        passed = all(rows.gs.passed for _, rows in self.rows)
+        send = loop.envs.send_checked if passed else loop.envs.send
         self.bucket_counts[bucket] += 1
         self.ready_counts[len(index)] = self.ready_counts.get(len(index), 0) + 1
         clock = time.perf_counter()
@@ -241,7 +243,7 @@ class ReadyFirst:
             sent = actions
             if len(todo) > 1:
                 sent = [_rows(a, k, k + n) for a in actions]
-            loop.envs.send(sent, ids)
+            send(sent, ids)
             self.in_flight += n
             k += n
         perf["action_processing_ms"] += time.perf_counter() - clock

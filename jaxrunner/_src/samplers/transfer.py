@@ -79,7 +79,10 @@ class Packing:
         count = int(np.prod(lead))
         views = []
         for lo, hi, dtype, shape in self._views:
-            if not shape or shape[0] < count:
+            if not shape:  # a scalar (not a row each): as it is
+                views.append((lo, hi, dtype, shape))
+                continue
+            if shape[0] < count:
                 raise ValueError(f"leaf of shape {shape} has fewer than {count} rows")
             views.append((lo, lo + (hi - lo) // shape[0] * count, dtype, (*lead, *shape[1:])))
         self._by_lead[lead] = views

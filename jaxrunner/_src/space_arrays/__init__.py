@@ -3,6 +3,7 @@ space raises :class:`~jaxrunner.errors.SpaceMismatchError`, never cast), splitti
 
 from jaxrunner._src.space_arrays.actions import action_batch_check as action_batch_check
 from jaxrunner._src.space_arrays.actions import bad_action_rows as bad_action_rows
+from jaxrunner._src.space_arrays.actions import batch_passes as batch_passes
 from jaxrunner._src.space_arrays.actions import check_action_batch as check_action_batch
 from jaxrunner._src.space_arrays.actions import check_policy_actions as check_policy_actions
 from jaxrunner._src.space_arrays.actions import idle_action_filler as idle_action_filler

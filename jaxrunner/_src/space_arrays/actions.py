@@ -167,12 +167,39 @@ def bad_action_rows(space: spaces.Space, actions: Any, num_rows: int) -> Any:
     if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
         low = np.asarray(space.start)
         high = low + (space.n if isinstance(space, spaces.Discrete) else space.nvec)
-        bad = (actions < jnp.asarray(low)) | (actions >= jnp.asarray(high))
+        # Compared in the actions' dtype (JAX has no int64 for uint32 against int32 to
+        # meet in): each bound clipped to its range, a bound past it known statically.
+        info = np.iinfo(actions.dtype)
+        first, last = max(info.min, -(2**63)), min(info.max, 2**63 - 1)  # (the bounds: int64)
+
+        def at(bound: np.ndarray) -> Any:
+            return jnp.asarray(np.clip(bound, first, last).astype(actions.dtype))
+
+        too_high = (actions >= at(high)) & (high <= info.max)
+        bad = (actions < at(low)) | (low > info.max) | too_high
     elif leaf_spec(space)[1].kind == "f":
         bad = ~jnp.isfinite(actions)
     else:
         return None
     return bad.reshape(num_rows, -1).any(axis=1)
+
+
+def batch_passes(space: spaces.Space, actions: Any) -> Any:
+    """Traced: a 0-d bool, True where :func:`passing_batch_test` passes the host copy of
+    ``actions`` (a policy's output, traced before :func:`check_policy_actions` sees it)
+    as it is; None where that test does not cover the space, or the output is not one
+    array of the space's shape and dtype kind."""
+    import jax.numpy as jnp  # here, not at the top: a Ray actor's import of this skips JAX
+
+    if type(space) not in LEAF_TYPES or not hasattr(actions, "dtype") or not actions.shape:
+        return None
+    rows, (shape, dtype) = actions.shape[0], leaf_spec(space)
+    if passing_batch_test(space, (rows,)) is None or actions.shape[1:] != shape:
+        return None
+    if actions.dtype.kind not in ACTION_KINDS[dtype.kind]:
+        return None
+    bad = bad_action_rows(space, actions, rows)
+    return jnp.bool_(True) if bad is None else ~bad.any()
 
 
 def idle_action_filler(space: spaces.Space) -> Callable[[Any, np.ndarray], Any] | None:
