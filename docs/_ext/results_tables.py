@@ -292,6 +292,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "peers_cartpole_stop109": lambda: systems_table("peers_cartpole_stop109_cpu.json"),
     "peers_halfcheetah_stop109": lambda: systems_table("peers_halfcheetah_stop109_cpu.json"),
     "peers_pong_stop109": lambda: systems_table("peers_pong_stop109_cpu.json"),
+    "peers_cartpole_stop110": lambda: systems_table("peers_cartpole_stop110_cpu.json"),
+    "peers_halfcheetah_stop110": lambda: systems_table("peers_halfcheetah_stop110_cpu.json"),
     "peers_pong_first": lambda: systems_table("peers_pong_cpu.json"),
     "peers_halfcheetah_first": lambda: systems_table("peers_halfcheetah_cpu.json"),
     "peers_pong_gpu": lambda: systems_table("peers_pong_gpu.json"),
