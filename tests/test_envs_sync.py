@@ -868,6 +868,36 @@ def test_a_bad_step_batch_behind_a_queued_send_is_refused_and_the_send_still_ans
             vec.recv()
 
 
+def test_a_runner_skips_the_check_its_policy_step_made_and_refuses_what_it_flagged(
+    monkeypatch,
+) -> None:
+    """On sync, the actions the runner's policy step checked are split as they are
+    (``send_checked``, the backend's check skipped); a batch the step flags goes through
+    the check, which refuses it before any sub-env steps, naming the sub-env and value."""
+    import jax.numpy as jnp
+
+    from jaxrunner._src.backends.sync import SyncVectorEnv
+
+    taken = {"_checked": 0, "_passed": 0}
+    for name in taken:
+        real = getattr(SyncVectorEnv, name)
+
+        def counted(self, actions, rows, _name=name, _real=real):
+            taken[_name] += 1
+            return _real(self, actions, rows)
+
+        monkeypatch.setattr(SyncVectorEnv, name, counted)
+    policy = jr.Policy(apply_fn=lambda p, o, c, k: (jnp.full(len(k), p["a"], jnp.int32), {}, None))
+    envs = jr.make_vec("CartPole-v1", 3, "sync")
+    with jr.EnvRunner(envs, policy, {"a": jnp.int32(1)}, rollout_length=4, seed=0) as runner:
+        traj = runner.sample()
+        assert taken == {"_checked": 0, "_passed": 4} and (traj.action == 1).all()
+        runner.set_params({"a": jnp.int32(2)})
+        with pytest.raises(InvalidActionError, match=r"sub-env 0's action 2 \(row 0"):
+            runner.sample()
+        assert taken["_checked"] == 1
+
+
 def _step_arrays(step: Any) -> Any:
     """A step's arrays of either kind (what the envs wrote), as host copies."""
     if hasattr(step, "groups"):

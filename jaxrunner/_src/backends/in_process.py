@@ -48,10 +48,21 @@ class InProcessSends:
         check_seed_count(seeds, self.num_envs, type(self).__name__)  # type: ignore[attr-defined]
         self._sent.clear()
 
+    def _passed(self, actions: Any, rows: slice | None) -> Any:
+        """:meth:`_checked` of actions known to pass its checks (where a backend can
+        skip them)."""
+        return self._checked(actions, rows)
+
     def send(self, actions: Any, env_ids: EnvIds = None) -> None:
+        self._send(actions, env_ids, self._checked)
+
+    def send_checked(self, actions: Any, env_ids: EnvIds = None) -> None:
+        self._send(actions, env_ids, self._passed)
+
+    def _send(self, actions: Any, env_ids: EnvIds, take: Any) -> None:
         self._check_open("step")  # type: ignore[attr-defined]
         rows = None if env_ids is None else self._rows(env_ids)
-        self._sent.append((self._checked(actions, rows), rows))
+        self._sent.append((take(actions, rows), rows))
 
     def _rows(self, env_ids: EnvIds) -> slice:
         """``env_ids`` (not None) as the block ``_step`` steps: a slice with step 1 inside

@@ -45,7 +45,8 @@ class OneAgentSteps:
         # step_batch there (one call, not a send queued then taken back).
         caps = envs.capabilities
         self._inline = not (caps.steps_in_background or caps.ready_first)
-        self._sent: collections.deque[tuple[Any, EnvIds]] = collections.deque()
+        # (actions, env_ids, whether they passed the backend's checks: send_checked)
+        self._sent: collections.deque[tuple[Any, EnvIds, bool]] = collections.deque()
 
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
@@ -74,19 +75,23 @@ class OneAgentSteps:
     def send(self, actions: Sequence[Any], env_ids: EnvIds = None) -> None:
         (action,) = actions  # the one agent's: [n, ...], as the env takes them
         if self._inline:
-            self._sent.append((action, env_ids))
+            self._sent.append((action, env_ids, False))
         else:
             self.envs.send(action, env_ids)
 
     def send_checked(self, actions: Sequence[Any], env_ids: EnvIds = None) -> None:
         if self._inline:
-            self.send(actions, env_ids)
+            self._sent.append((actions[0], env_ids, True))
         else:
             self.envs.send_checked(actions[0], env_ids)
 
     def recv(self) -> MultiAgentStep:
-        if self._inline:
-            return self.group_step(self.envs.step_batch(*self._sent.popleft()))
+        if not self._inline:
+            return self.group_step(self.envs.recv())
+        action, env_ids, checked = self._sent.popleft()
+        if not checked:
+            return self.group_step(self.envs.step_batch(action, env_ids))
+        self.envs.send_checked(action, env_ids)
         return self.group_step(self.envs.recv())
 
     def group_step(self, out: BatchStep) -> MultiAgentStep:
