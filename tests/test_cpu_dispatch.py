@@ -203,9 +203,9 @@ def test_an_in_process_backend_steps_one_split_while_the_other_splits_policy_com
         envs = jr.make_vec("CartPole-v1", 4)
         policy = mlp_policy(envs.single_action_space, hidden=(8,))
         params = policy.init(jax.random.key(0), envs.single_observation_space)
-        step_batch = envs.step_batch
+        real_step = envs._step  # where the sync backend steps a send, at its recv
         monkeypatch.setattr(
-            envs, "step_batch", lambda a, ids: events.append(f"s{ids.start}") or step_batch(a, ids)
+            envs, "_step", lambda a, rows: events.append(f"s{rows.start}") or real_step(a, rows)
         )
     else:
         pytest.importorskip("pettingzoo")

@@ -898,6 +898,25 @@ def test_a_runner_skips_the_check_its_policy_step_made_and_refuses_what_it_flagg
         assert taken["_checked"] == 1
 
 
+def test_a_subclass_that_redefines_send_gets_the_checked_sends_too() -> None:
+    """``send_checked`` skips the backend's check, so a subclass redefining ``send`` (a
+    wrapper that logs, shuffles or edits the actions) would miss the runner's sends; its
+    ``send_checked`` is the default one, which calls its ``send``."""
+    sent = []
+
+    class Logged(jr.SyncVectorEnv):
+        def send(self, actions, env_ids=None):
+            sent.append(np.copy(actions))
+            super().send(actions, env_ids)
+
+    assert Logged.send_checked is not jr.SyncVectorEnv.send_checked
+    with closing(Logged(counting_env_fns(2))) as vec:
+        vec.reset_batch([0, 1])
+        vec.send_checked(np.array([1, 0]))
+        vec.recv()
+    assert [a.tolist() for a in sent] == [[1, 0]]
+
+
 def _step_arrays(step: Any) -> Any:
     """A step's arrays of either kind (what the envs wrote), as host copies."""
     if hasattr(step, "groups"):

@@ -75,15 +75,13 @@ def check_equal_spaces(
 
 class BaseVectorEnv(abc.ABC):
     """What every jaxrunner vector env shares, single-agent (:class:`VectorEnv`) or
-    multi-agent (:class:`~jaxrunner.MultiAgentVectorEnv`): the declared
-    :class:`Capabilities`, the closed state, the sub-env utilities and the snapshot
-    refusals. The two differ only in what a step carries."""
+    multi-agent (:class:`~jaxrunner.MultiAgentVectorEnv`): capabilities, the closed
+    state, sub-env utilities, snapshot refusals. The two differ in what a step carries."""
 
     capabilities: Capabilities = Capabilities()
     """What this backend can do (see :class:`Capabilities`)."""
     multi_agent: ClassVar[bool] = False
-    """The kind of env: agents in policy groups (True) or one agent (False); runners and
-    services read it (:func:`~jaxrunner._src.backends.capabilities.is_multi_agent`)."""
+    """The kind of env: agents in policy groups (True) or one agent (False)."""
     restart_policy: RestartPolicy | None = None
     """How failed sub-envs are recreated (None: failures raise); given at construction,
     only where ``capabilities.can_restart``."""
@@ -92,9 +90,8 @@ class BaseVectorEnv(abc.ABC):
     layout_choice: LayoutChoice | None = None
     """What ``make_vec(..., backend="auto")`` chose and why (None: not built by it)."""
     reset_seed: int | None = None
-    """The int seed the envs were last reset with as a whole: ``make_vec(..., seed=...)``,
-    either kind, or a single-agent env's ``reset(seed=...)``; None if there was none. An
-    :class:`~jaxrunner.EnvRunner` reads it to warn when its own seed overrides this one."""
+    """The int seed the envs were last reset with as a whole (``make_vec(..., seed=...)``,
+    or ``reset(seed=...)``; None: none): a runner warns when its own seed overrides it."""
 
     def __init__(self) -> None:
         self._closed_reason: str | None = None
@@ -119,6 +116,11 @@ class BaseVectorEnv(abc.ABC):
         values): a backend whose check costs skips it."""
         self.send(actions, env_ids)  # type: ignore[attr-defined]
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "send" in cls.__dict__ and "send_checked" not in cls.__dict__:
+            cls.send_checked = BaseVectorEnv.send_checked  # (a send redefined: it sends all)
+
     @abc.abstractmethod
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
@@ -142,9 +144,8 @@ class BaseVectorEnv(abc.ABC):
         self._check_open("get_sub_environments")
         raise InvalidArgumentError(
             f"{type(self).__name__}.get_sub_environments(): this backend cannot reach its "
-            "sub-envs one by one (they are no Python objects it can address); use "
-            "call/get_attr/set_attr where it has them, or backend='sync' or 'process' for "
-            "per-sub-env access."
+            "sub-envs one by one; use call/get_attr/set_attr where it has them, or "
+            "backend='sync' or 'process' for per-sub-env access."
         )
 
     def snapshot_sub_envs(self) -> list[bytes]:
@@ -158,8 +159,7 @@ class BaseVectorEnv(abc.ABC):
     def restore_sub_envs(self, snapshots: Sequence[bytes]) -> None:
         """Replaces every sub-env by its snapshot (:meth:`snapshot_sub_envs`)."""
         raise InvalidArgumentError(
-            f"{type(self).__name__} cannot restore sub-env snapshots (capabilities.can_snapshot "
-            "is False)."
+            f"{type(self).__name__} cannot restore sub-env snapshots (can_snapshot is False)."
         )
 
     @abc.abstractmethod
