@@ -173,7 +173,7 @@ class _LeanLoop:
             in_flight[ids] = False
             stage.obs[:n], stage.episode_start[:n], stage.env_index[:n] = step.obs, reset, ids
             pending, state = call.dispatch(params, state, stage)
-            action, _, extras = call.collect(pending)
+            action, _, extras, _ = call.collect(pending)
             action, log_prob = action[:n], extras[0][:n]
             if not self.passes(action) or in_flight[ids].any():
                 raise RuntimeError("lean loop: an action out of range or an env in flight")

@@ -54,12 +54,12 @@ class InProcessSends:
         return self._checked(actions, rows)
 
     def send(self, actions: Any, env_ids: EnvIds = None) -> None:
-        self._send(actions, env_ids, self._checked)
+        self._queue(actions, env_ids, self._checked)
 
     def send_checked(self, actions: Any, env_ids: EnvIds = None) -> None:
-        self._send(actions, env_ids, self._passed)
+        self._queue(actions, env_ids, self._passed)
 
-    def _send(self, actions: Any, env_ids: EnvIds, take: Any) -> None:
+    def _queue(self, actions: Any, env_ids: EnvIds, take: Any) -> None:
         self._check_open("step")  # type: ignore[attr-defined]
         rows = None if env_ids is None else self._rows(env_ids)
         self._sent.append((take(actions, rows), rows))
