@@ -197,6 +197,12 @@ def test_the_policy_steps_check_says_what_the_inline_test_says(space) -> None:
                 assert bool(traced) == passes(batch), (space, batch)
                 checked += 1
     assert checked == len(dtypes) * 5 * (len(values) + 1)
+    if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):  # bool: a safe cast too
+        ones = np.ones((5, *shape), np.bool_)
+        np.testing.assert_array_equal(
+            space_arrays.bad_action_rows(space, jnp.asarray(ones), 5),
+            space_arrays.bad_action_rows(space, jnp.asarray(ones.astype(np.int32)), 5),
+        )
     # What check_policy_actions refuses after the step is traced, and composites: None.
     for other in (jnp.zeros((5, *shape), jnp.bool_), jnp.zeros((5, 7)), jnp.int32(1)):
         assert space_arrays.batch_passes(space, other) is None

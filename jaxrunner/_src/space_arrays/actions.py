@@ -167,16 +167,19 @@ def bad_action_rows(space: spaces.Space, actions: Any, num_rows: int) -> Any:
     if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
         low = np.asarray(space.start)
         high = low + (space.n if isinstance(space, spaces.Discrete) else space.nvec)
-        # Compared in the actions' dtype (JAX has no int64 for uint32 against int32 to
-        # meet in): each bound clipped to its range, a bound past it known statically.
-        info = np.iinfo(actions.dtype)
-        first, last = max(info.min, -(2**63)), min(info.max, 2**63 - 1)  # (the bounds: int64)
+        if actions.dtype.kind in "iu":
+            # Compared in the actions' dtype (JAX has no int64 for uint32 against int32
+            # to meet in): each bound clipped to its range, one past it known statically.
+            info = np.iinfo(actions.dtype)
+            first, last = max(info.min, -(2**63)), min(info.max, 2**63 - 1)  # (int64 bounds)
 
-        def at(bound: np.ndarray) -> Any:
-            return jnp.asarray(np.clip(bound, first, last).astype(actions.dtype))
+            def at(bound: np.ndarray) -> Any:
+                return jnp.asarray(np.clip(bound, first, last).astype(actions.dtype))
 
-        too_high = (actions >= at(high)) & (high <= info.max)
-        bad = (actions < at(low)) | (low > info.max) | too_high
+            too_high = (actions >= at(high)) & (high <= info.max)
+            bad = (actions < at(low)) | (low > info.max) | too_high
+        else:  # bool (a safe cast): as JAX promotes it
+            bad = (actions < jnp.asarray(low)) | (actions >= jnp.asarray(high))
     elif leaf_spec(space)[1].kind == "f":
         bad = ~jnp.isfinite(actions)
     else:
