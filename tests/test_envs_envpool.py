@@ -813,7 +813,7 @@ def test_a_send_that_fails_after_a_step_keeps_that_step(monkeypatch) -> None:
     with jr.EnvRunner(_envpool(4), policy, params, 8, seed=SEED) as runner:
         clean = runner.sample()
     sends = []
-    real = EnvPoolVectorEnv._send
+    real = EnvPoolVectorEnv._send_actions
 
     def failing(self, actions, env_ids, checked):
         sends.append(1)
@@ -821,7 +821,7 @@ def test_a_send_that_fails_after_a_step_keeps_that_step(monkeypatch) -> None:
             raise InvalidArgumentError("step 3's actions refused (the test's)")
         return real(self, actions, env_ids, checked)
 
-    monkeypatch.setattr(EnvPoolVectorEnv, "_send", failing)
+    monkeypatch.setattr(EnvPoolVectorEnv, "_send_actions", failing)
     runner = jr.EnvRunner(_envpool(4), policy, params, 8, seed=SEED)
     with runner, pytest.raises(InvalidArgumentError, match="the test's") as caught:
         runner.sample()

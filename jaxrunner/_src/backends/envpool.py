@@ -158,17 +158,11 @@ class EnvPoolVectorEnv(NoSubEnvAccess, GymnasiumVectorEnv):
         out = self._call("step", self._calls.step, actions)
         return out.obs, out.reward, out.terminated, out.truncated, out.info
 
-    def send(self, actions: Any, env_ids: EnvIds = None) -> None:
+    def _send_actions(self, actions: Any, env_ids: EnvIds, checked: bool) -> None:
         """With ``keep_reset_steps``, hands the actions to EnvPool at once (its threads
         step while the runner records them)."""
-        self._send(actions, env_ids, checked=False)
-
-    def send_checked(self, actions: Any, env_ids: EnvIds = None) -> None:
-        self._send(actions, env_ids, checked=True)
-
-    def _send(self, actions: Any, env_ids: EnvIds, checked: bool) -> None:
         if not self.keep_reset_steps:  # (its send keeps the actions for its recv)
-            super().send(actions, env_ids)
+            super()._send_actions(actions, env_ids, checked)
             return
         self._check_open("step")
         n = self.num_envs

@@ -12,7 +12,7 @@ from gymnasium.vector import AutoresetMode
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.arg_checks import check_seed_count
-from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.base import ChecksOnSend, VectorEnv
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.envpool_calls import (
     EnvPoolActions,
@@ -29,7 +29,7 @@ from jaxrunner._src.space_arrays.checks import nonfinite_observations
 from jaxrunner.errors import InvalidArgumentError
 
 
-class EnvPoolAsyncVectorEnv(NoSubEnvAccess, VectorEnv):
+class EnvPoolAsyncVectorEnv(ChecksOnSend, NoSubEnvAccess, VectorEnv):
     """An EnvPool pool in async mode: ``batch_size`` envs per ``recv`` (docs/backends/envpool.md).
 
     ``keep_reset_steps``: True answers EnvPool's own reset steps as
@@ -153,13 +153,7 @@ class EnvPoolAsyncVectorEnv(NoSubEnvAccess, VectorEnv):
             "batch_size envs); reset them all with reset_batch(), or use sync mode."
         )
 
-    def send(self, actions: Any, env_ids: EnvIds = None) -> None:
-        self._send(actions, env_ids, checked=False)
-
-    def send_checked(self, actions: Any, env_ids: EnvIds = None) -> None:
-        self._send(actions, env_ids, checked=True)
-
-    def _send(self, actions: Any, env_ids: EnvIds, checked: bool) -> None:
+    def _send_actions(self, actions: Any, env_ids: EnvIds, checked: bool) -> None:
         self._check_open("step")
         answered = self._answered.pop(id(env_ids), None)
         if answered is not None:

@@ -12,7 +12,7 @@ import numpy as np
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.arg_checks import check_seed_count
-from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.base import ChecksOnSend, VectorEnv
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.envpool import EnvPoolVectorEnv
 from jaxrunner._src.backends.envpool_calls import EnvPoolActions, NoSubEnvAccess
@@ -21,7 +21,7 @@ from jaxrunner._src.backends.vector_infos import SplitInfos
 from jaxrunner.errors import InvalidArgumentError
 
 
-class EnvPoolPoolsVectorEnv(NoSubEnvAccess, VectorEnv):
+class EnvPoolPoolsVectorEnv(ChecksOnSend, NoSubEnvAccess, VectorEnv):
     """``num_envs`` sub-envs in ``num_pools`` EnvPool pools of (nearly) equal size, each
     an :class:`~jaxrunner._src.backends.envpool.EnvPoolVectorEnv` in sync mode; sub-env
     ``i`` is seeded ``seed + i`` as in one pool, so the trajectories are one pool's.
@@ -93,13 +93,7 @@ class EnvPoolPoolsVectorEnv(NoSubEnvAccess, VectorEnv):
         space_arrays.copy_into(self.single_observation_space, self._obs, obs, index)
         return obs, _global_info(info, self.bounds[k])
 
-    def send(self, actions: Any, env_ids: EnvIds = None) -> None:
-        self._send(actions, env_ids, checked=False)
-
-    def send_checked(self, actions: Any, env_ids: EnvIds = None) -> None:
-        self._send(actions, env_ids, checked=True)
-
-    def _send(self, actions: Any, env_ids: EnvIds, checked: bool) -> None:
+    def _send_actions(self, actions: Any, env_ids: EnvIds, checked: bool) -> None:
         self._check_open("step")
         lo, hi = block_rows(env_ids, self.num_envs, type(self).__name__)
         first = self.bounds.index(lo) if lo in self.bounds else -1

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from jaxrunner._src.arg_checks import check_env_fns, check_seed_count
+from jaxrunner._src.backends.base import ChecksOnSend
 from jaxrunner._src.backends.remote_sub_envs import RemoteSubEnvs
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy, close_quietly
 from jaxrunner._src.backends.snapshots import (
@@ -22,7 +23,7 @@ from jaxrunner._src.backends.sub_env_block import EnvFactory, SubEnvBlock, build
 from jaxrunner.errors import InvalidArgumentError
 
 
-class InProcessSends:
+class InProcessSends(ChecksOnSend):
     """``send``/``recv`` of a backend whose sub-envs step in the calling thread: :meth:`send`
     checks the actions and keeps them (not copied: keep them unchanged until the matching
     :meth:`recv`), and :meth:`recv` steps the oldest send with :meth:`_step`."""
@@ -53,16 +54,10 @@ class InProcessSends:
         skip them)."""
         return self._checked(actions, rows)
 
-    def send(self, actions: Any, env_ids: EnvIds = None) -> None:
-        self._queue(actions, env_ids, self._checked)
-
-    def send_checked(self, actions: Any, env_ids: EnvIds = None) -> None:
-        self._queue(actions, env_ids, self._passed)
-
-    def _queue(self, actions: Any, env_ids: EnvIds, take: Any) -> None:
+    def _send_actions(self, actions: Any, env_ids: EnvIds, checked: bool) -> None:
         self._check_open("step")  # type: ignore[attr-defined]
         rows = None if env_ids is None else self._rows(env_ids)
-        self._sent.append((take(actions, rows), rows))
+        self._sent.append(((self._passed if checked else self._checked)(actions, rows), rows))
 
     def _rows(self, env_ids: EnvIds) -> slice:
         """``env_ids`` (not None) as the block ``_step`` steps: a slice with step 1 inside

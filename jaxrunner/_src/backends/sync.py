@@ -82,8 +82,7 @@ class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
         self._actions = PerSize(
             functools.partial(space_arrays.make_action_splitter, self.single_action_space)
         )
-        leaf = type(self.single_action_space) in space_arrays.LEAF_TYPES
-        self._dtype = space_arrays.leaf_spec(self.single_action_space)[1] if leaf else None
+        self._split_passed = space_arrays.passed_action_splitter(self.single_action_space)
 
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
@@ -103,9 +102,9 @@ class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
         return self._actions[self.num_envs if rows is None else rows.stop - rows.start](actions)
 
     def _passed(self, actions: Any, rows: slice | None) -> list[Any]:
-        if self._dtype is None:  # (a composite batch is never vouched for)
+        if self._split_passed is None:  # (a composite batch is never vouched for)
             return self._checked(actions, rows)
-        return list(actions.astype(self._dtype, copy=False))  # as the splitter's passing path
+        return self._split_passed(actions)
 
     def _step(self, per_env: list[Any], rows: slice | None) -> BatchStep:
         lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)

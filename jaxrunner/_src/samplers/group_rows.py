@@ -60,11 +60,12 @@ class GroupRows:
         """Takes the actions :meth:`dispatch` queued and writes each acting agent's
         observation, action and extras where its env records this step (``parts``), or
         keeps them until its transition completes (AEC envs). Returns the env's actions
-        in the order of the envs, ``[n, A_g, ...]`` (a single agent's ``[n, ...]``)."""
+        in the order of the envs, ``[n, A_g, ...]`` (a single agent's ``[n, ...]``), and
+        whether they passed the backends' checks of their values (``send_checked``)."""
         gs = self.gs
         pending, index, at, call, obs = self._queued
         self._queued = None
-        action, env_action, extras, gs.passed = call.collect(pending)
+        action, env_action, extras, passed = call.collect(pending)
         lead = (len(index),) if gs.always_acting else (len(index), gs.group.num_agents)
 
         def mine(x: np.ndarray) -> np.ndarray:  # of this call's own output: the backend may keep it
@@ -95,7 +96,7 @@ class GroupRows:
                     put_rows(dsts, srcs if whole else [x[sel] for x in srcs], (t, envs), part_mask)
         if mask is not None and gs.fill_idle is not None:
             env_action = gs.fill_idle(env_action, mask)
-        return env_action if gs.clip is None else gs.clip(env_action)
+        return (env_action if gs.clip is None else gs.clip(env_action)), passed
 
     def record(self, out: GroupBuffers, traj: GroupTrajectory, part: RowsPart) -> None:
         """Writes the transitions of envs ``envs`` (rows ``sel`` of ``out``) completed at

@@ -131,7 +131,6 @@ class GroupSampler:
         self.clip = space_arrays.clip_box_actions(group.action_space)
         self.fill_idle = None if one_agent else space_arrays.idle_action_filler(group.action_space)
         self._unrecorded: Any = None  # the actions collect() took, until they are sent
-        self.passed = False  # they passed the backends' check of their values (send_checked)
         self.awaiting = np.zeros(shape, np.bool_)  # AEC: last transition not completed yet
         # Agent-episode returns and lengths across samples (for the metrics).
         self.running_return = np.zeros(shape, np.float64)
@@ -239,11 +238,12 @@ class GroupSampler:
         """Takes the actions of block ``[lo, hi)``, dispatched, and writes each acting agent's
         observation into slot ``t`` (parallel envs) or keeps it until its transition
         completes (AEC envs); :meth:`record_actions` writes the actions there, once they
-        are sent. Returns the env's actions, ``[n, A_g, ...]``."""
+        are sent. Returns the env's actions, ``[n, A_g, ...]``, and whether they passed the
+        backends' checks of their values (``send_checked``)."""
         block = self._blocks[lo, hi]
         # The block's own rows (padding dropped), on the agent axis: [n, A_g, ...].
         pending = self.pending.pop((lo, hi))
-        action, env_action, extras, self.passed = block.call.collect(pending, block.lead)
+        action, env_action, extras, passed = block.call.collect(pending, block.lead)
         obs = block.source_leaves[1]  # the observations it acted on
         if self.same_step:
             obs_dst, action_dst, extras_dst, _ = self._traj_leaves
@@ -262,7 +262,7 @@ class GroupSampler:
             np.logical_or(awaiting, block.acting, out=awaiting)
         if mask is not None and self.fill_idle is not None:
             env_action = self.fill_idle(env_action, mask)
-        return env_action if self.clip is None else self.clip(env_action)
+        return (env_action if self.clip is None else self.clip(env_action)), passed
 
     def record_actions(self) -> None:
         """Writes the actions and policy outputs :meth:`collect` took (after the send: a

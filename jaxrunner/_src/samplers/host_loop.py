@@ -219,8 +219,9 @@ class HostLoop:
         clock = perf_counter()
         actions, passed = [], True  # (a loop: a comprehension's frame costs more per step)
         for _, gs in self._parts:
-            actions.append(gs.collect(t, lo, hi))
-            passed = passed and gs.passed
+            action, ok = gs.collect(t, lo, hi)
+            actions.append(action)
+            passed = passed and ok
         tick = perf_counter()
         perf["inference_ms"] += tick - clock  # the wait for the policy's result
         send = self.envs.send_checked if passed else self.envs.send

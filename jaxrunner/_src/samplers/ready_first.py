@@ -227,11 +227,13 @@ class ReadyFirst:
         tick = time.perf_counter()
         perf["obs_processing_ms"] += tick - clock
         parts = self._parts(index)
-        actions = [
-            rows.collect([(ro.leaves[pid], t, envs, sel) for ro, t, envs, sel in parts])
-            for pid, rows in self.rows
-        ]
-        passed = all(rows.gs.passed for _, rows in self.rows)
+        actions, passed = [], True
+        for pid, rows in self.rows:
+            action, ok = rows.collect(
+                [(ro.leaves[pid], t, envs, sel) for ro, t, envs, sel in parts]
+            )
+            actions.append(action)
+            passed = passed and ok
         send = loop.envs.send_checked if passed else loop.envs.send
         self.bucket_counts[bucket] += 1
         self.ready_counts[len(index)] = self.ready_counts.get(len(index), 0) + 1

@@ -31,3 +31,4 @@ from jaxrunner._src.space_arrays.clip import clip_box_actions as clip_box_action
 from jaxrunner._src.space_arrays.clip import clip_box_actions_jax as clip_box_actions_jax
 from jaxrunner._src.space_arrays.writers import make_action_splitter as make_action_splitter
 from jaxrunner._src.space_arrays.writers import make_writer as make_writer
+from jaxrunner._src.space_arrays.writers import passed_action_splitter as passed_action_splitter

@@ -84,17 +84,24 @@ def make_action_splitter(space: spaces.Space, num_envs: int) -> Callable[[Any], 
     """``split(actions)``: the ``num_envs`` per-env actions, the batch checked whole
     first (:func:`check_action_batch`) so a bad one is refused before any sub-env steps."""
     check = action_batch_check(space, num_envs)
-    if isinstance(space, (spaces.Dict, spaces.Tuple)):
+    split = passed_action_splitter(space)
+    if split is None:  # a composite
 
         def split_tree(actions: Any) -> list[Any]:
             checked = as_space_dtypes(space, check(actions))  # once for the batch
             return [take(space, checked, i) for i in range(num_envs)]
 
         return split_tree
-    dtype = leaf_spec(space)[1]  # the env gets its space's dtype, as on every backend
     passes = passing_batch_test(space, (num_envs,))
     if passes is not None:  # the common batch tested here: one call fewer per step
-        return lambda actions: list(
-            (actions if passes(actions) else check(actions)).astype(dtype, copy=False)
-        )
-    return lambda actions: list(check(actions).astype(dtype, copy=False))
+        return lambda actions: split(actions if passes(actions) else check(actions))
+    return lambda actions: split(check(actions))
+
+
+def passed_action_splitter(space: spaces.Space) -> Callable[[Any], list[Any]] | None:
+    """``split(actions)`` of a batch known to pass the checks: the per-env actions in the
+    space's dtype (the env gets it, as on every backend); None for a composite space."""
+    if isinstance(space, (spaces.Dict, spaces.Tuple)):
+        return None
+    dtype = leaf_spec(space)[1]
+    return lambda actions: list(actions.astype(dtype, copy=False))
