@@ -748,3 +748,32 @@ def test_process_config_is_checked():
         ProcessVectorEnv(counting_env_fns(2), {"num_workers": 2})  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentTypeError, match=r"expected a jaxrunner.ProcessConfig"):
         jr.make_vec(CountingEnv, 2, backend="process", config=jr.RayConfig())
+
+
+def test_the_runners_checked_actions_skip_the_backends_check(monkeypatch) -> None:
+    """The actions the runner's policy step checked are written to shared memory as they
+    are (``send_checked``, the backend's check skipped); a batch the step flags goes
+    through the check, which refuses it before any sub-env steps, naming the sub-env and
+    the value."""
+    import jax.numpy as jnp
+
+    from jaxrunner._src.backends.process import shared
+    from jaxrunner.errors import InvalidActionError
+
+    checked = []
+    real = shared.space_arrays.action_batch_check
+
+    def counting(space, num):
+        check = real(space, num)
+        return lambda actions: (checked.append(num), check(actions))[1]
+
+    monkeypatch.setattr(shared.space_arrays, "action_batch_check", counting)
+    policy = jr.Policy(apply_fn=lambda p, o, c, k: (jnp.full(len(k), p["a"], jnp.int32), {}, None))
+    envs = jr.make_vec("CartPole-v1", 3, "process")
+    with jr.EnvRunner(envs, policy, {"a": jnp.int32(1)}, rollout_length=4, seed=0) as runner:
+        traj = runner.sample()
+        assert checked == [] and (traj.action == 1).all()
+        runner.set_params({"a": jnp.int32(2)})
+        with pytest.raises(InvalidActionError, match=r"sub-env 0's action 2 \(row 0"):
+            runner.sample()
+        assert checked == [3]

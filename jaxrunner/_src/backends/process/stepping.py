@@ -64,15 +64,19 @@ class Stepper:
         for call in self.calls:
             yield from call.sent
 
-    def send(self, actions: Any, env_ids: EnvIds, per_worker: bool) -> list[StepCall]:
-        """Validates ``actions``, then starts the step of ``env_ids``: one call, or one
-        per worker (``per_worker``: ``env_ids`` must cover whole workers)."""
+    def send(
+        self, actions: Any, env_ids: EnvIds, per_worker: bool, checked: bool = False
+    ) -> list[StepCall]:
+        """Validates ``actions`` (unless ``checked``: their values passed the checks),
+        then starts the step of ``env_ids``: one call, or one per worker (``per_worker``:
+        ``env_ids`` must cover whole workers)."""
         if self.num_waiting:
             self._dispatch_waiting()
         n = self.num_envs
         lo, hi = (0, n) if env_ids is None else block_rows(env_ids, n, self.name)
         # Validates before any sub-env steps (the workers read the rows from shared memory).
-        self.layout.action_checks[hi - lo](actions)
+        if not checked:
+            self.layout.action_checks[hi - lo](actions)
         busy = [c for c in self.calls if c.overlaps(lo, hi)] if self.calls else []
         if busy and (self.ready_first or per_worker):
             raise InvalidArgumentError(

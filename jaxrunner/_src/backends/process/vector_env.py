@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxrunner._src.arg_checks import check_config, check_env_fns, check_seed_count
-from jaxrunner._src.backends.base import MultiAgentVectorEnv, VectorEnv
+from jaxrunner._src.backends.base import ChecksOnSend, MultiAgentVectorEnv, VectorEnv
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.process.config import ProcessConfig
 from jaxrunner._src.backends.process.handle import shutdown
@@ -31,7 +31,7 @@ agents) one split ran 1.08x two at 4 and 8 envs, two 1.05x one at 16 and 32
 (splits_process_mpe_stop105_cpu.json): sub-envs, not rows, set it."""
 
 
-class ProcessBackend(RemoteSubEnvs):
+class ProcessBackend(ChecksOnSend, RemoteSubEnvs):
     """Sub-envs in worker processes over a :class:`~.transport.ProcessTransport`; a shell of
     one kind gives the layout (:meth:`_layout_for`). Results of ``call``/``get_attr`` must
     pickle."""
@@ -158,13 +158,14 @@ class ProcessBackend(RemoteSubEnvs):
         self._transport.recovery.pending.pop(index, None)
         return self._layout.reset_at_result(self._views, index, info)
 
-    def send(self, actions: Any, env_ids: EnvIds = None) -> None:
-        """Validates ``actions``, writes them to shared memory and tells the workers of
-        ``env_ids`` to step; returns without waiting (see :meth:`recv`). Lockstep:
-        any slice (a send of rows still in flight goes out once those are received).
-        Ready-first: ``env_ids`` covers whole workers, none of them in flight."""
+    def _send_actions(self, actions: Any, env_ids: EnvIds, checked: bool) -> None:
+        """Validates ``actions`` (unless ``checked``), writes them to shared memory and
+        tells the workers of ``env_ids`` to step; returns without waiting (see
+        :meth:`recv`). Lockstep: any slice (a send of rows still in flight goes out once
+        those are received). Ready-first: ``env_ids`` covers whole workers, none of
+        them in flight."""
         self._check_open("step")
-        self._stepper.send(actions, env_ids, per_worker=self.config.ready_first)
+        self._stepper.send(actions, env_ids, per_worker=self.config.ready_first, checked=checked)
 
     def recv(self) -> Any:
         """Lockstep: the result of the oldest send. Ready-first: the result of the first
