@@ -176,7 +176,9 @@ print("ok")
 
 
 @pytest.mark.parametrize(
-    "mode", [{}, {"batch_size": 2}, {"num_pools": 2}], ids=["sync", "async", "pools"]
+    "mode",
+    [{}, {"keep_reset_steps": False}, {"batch_size": 2}, {"num_pools": 2}],
+    ids=["sync", "same_step", "async", "pools"],
 )
 def test_a_runner_skips_the_check_its_policy_step_made_and_refuses_what_it_flagged(
     mode: dict,
@@ -189,8 +191,8 @@ def test_a_runner_skips_the_check_its_policy_step_made_and_refuses_what_it_flagg
         f"""
 import jax.numpy as jnp
 envs = jr.make_vec("CartPole-v1", 4, backend="envpool", **{mode!r})
-sends = {{"send": 0, "send_checked": 0}}
-for name in sends:  # count the vector env's sends of each kind
+sends = {{"send": 0, "send_checked": 0, "step_batch": 0}}
+for name in sends:  # count the vector env's sends of each kind (an inline step: step_batch)
     orig = getattr(type(envs), name)
     def counted(self, *args, _name=name, _orig=orig):
         sends[_name] += 1
@@ -199,11 +201,11 @@ for name in sends:  # count the vector env's sends of each kind
 policy = jr.Policy(apply_fn=lambda p, o, c, k: (jnp.full(len(k), p["a"], jnp.int32), {{}}, None))
 runner = jr.EnvRunner(envs, policy, {{"a": jnp.int32(1)}}, rollout_length=3, seed=0)
 runner.sample()
-assert sends["send"] == 0 and sends["send_checked"] > 0, sends
+assert sends["send"] == sends["step_batch"] == 0 and sends["send_checked"] > 0, sends
 runner.set_params({{"a": jnp.int32(2)}})
 message = refused(InvalidActionError, runner.sample)
 assert "CartPole-v1" in message and "action 2" in message and "sub-env" in message, message
-assert sends["send"] >= 1, sends
+assert sends["send"] + sends["step_batch"] >= 1, sends
 print("ok")
 """
     )

@@ -468,3 +468,32 @@ def test_split_infos_invert_gymnasium_merging() -> None:
     assert_trees_equal(again, merged, "merged again")
     assert split_info({"k": np.arange(3)}, 1) == {"k": 1}  # EnvPool-style, no masks
     merger.close()
+
+
+def test_the_runners_checked_actions_skip_the_adapters_check(monkeypatch) -> None:
+    """The actions the runner's policy step checked go to the wrapped vector env as they
+    are (``send_checked``, the adapter's check skipped); a batch the step flags goes
+    through the check, which refuses it before any sub-env steps, naming the sub-env and
+    the value."""
+    import jax.numpy as jnp
+
+    from jaxrunner._src.backends.gymnasium_adapter import GymnasiumVectorEnv
+    from jaxrunner.errors import InvalidActionError
+
+    checks = []
+    real = GymnasiumVectorEnv._check_actions
+
+    def counted(self, actions):
+        checks.append(len(actions))
+        return real(self, actions)
+
+    monkeypatch.setattr(GymnasiumVectorEnv, "_check_actions", counted)
+    policy = jr.Policy(apply_fn=lambda p, o, c, k: (jnp.full(len(k), p["a"], jnp.int32), {}, None))
+    envs = jr.make_vec("CartPole-v1", 3, "gymnasium")
+    with jr.EnvRunner(envs, policy, {"a": jnp.int32(1)}, rollout_length=4, seed=0) as runner:
+        traj = runner.sample()
+        assert checks == [] and (traj.action == 1).all()
+        runner.set_params({"a": jnp.int32(2)})
+        with pytest.raises(InvalidActionError, match=r"sub-env 0's action 2 \(row 0"):
+            runner.sample()
+        assert checks == [3]

@@ -151,13 +151,22 @@ class GymnasiumVectorEnv(InProcessSends, GymnasiumSubEnvs, WrappedOutputs, Vecto
         return space_arrays.take(self.single_observation_space, self._obs, index), infos[0]
 
     def _checked(self, actions: Any, rows: slice | None) -> Any:
+        self._check_all_rows(rows)
+        return self._check_actions(actions)
+
+    def _passed(self, actions: Any, rows: slice | None) -> Any:
+        if self._composite_actions:  # (a composite batch is never vouched for)
+            return self._checked(actions, rows)
+        self._check_all_rows(rows)
+        return actions  # (as the check returns a batch that passes)
+
+    def _check_all_rows(self, rows: slice | None) -> None:
         n = self.num_envs
         if rows is not None and (rows.start, rows.stop) != (0, n):
             raise InvalidArgumentError(
                 f"step_batch(rows={rows}): a gymnasium vector env steps all {n} sub-envs at "
                 "once and cannot step a subset. Drive it with EnvRunner(..., num_splits=1)."
             )
-        return self._check_actions(actions)
 
     def _step(self, actions: Any, rows: slice | None) -> BatchStep:
         n = self.num_envs
