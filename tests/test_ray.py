@@ -1035,3 +1035,32 @@ def test_group_config_multi_agent_flag_is_deprecated_and_a_mapping_needs_a_multi
     )
     with pytest.raises(jr.errors.RunnerFailedError, match="applies to multi-agent"):
         jr.EnvRunnerGroup("CartPole-v1", POLICY, params, config)
+
+
+@pytest.mark.parametrize("ready_first", [True, False])
+def test_the_runners_checked_actions_skip_the_main_process_check(monkeypatch, ready_first):
+    """The actions the runner's policy step checked go to the actors without the main
+    process's check of the batch (``send_checked``); a batch the step flags goes through
+    it, which refuses it before any actor steps, naming the sub-env and the value."""
+    import jax.numpy as jnp
+
+    from jaxrunner._src.backends.ray import kinds
+
+    checked = []
+    real = kinds.space_arrays.action_batch_check
+
+    def counting(space, num):
+        check = real(space, num)
+        return lambda actions: (checked.append(num), check(actions))[1]
+
+    monkeypatch.setattr(kinds.space_arrays, "action_batch_check", counting)
+    policy = jr.Policy(apply_fn=lambda p, o, c, k: (jnp.full(len(k), p["a"], jnp.int32), {}, None))
+    config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1, ready_first=ready_first)
+    envs = jr.make_vec(CountingEnv, 4, "ray", config=config)
+    with jr.EnvRunner(envs, policy, {"a": jnp.int32(1)}, rollout_length=4, seed=0) as runner:
+        traj = runner.sample()
+        assert checked == [] and (traj.action == 1).all()
+        runner.set_params({"a": jnp.int32(3)})  # (CountingEnv's actions: Discrete(3))
+        with pytest.raises(jr.errors.InvalidActionError, match=r"sub-env 0's action 3 \(row 0"):
+            runner.sample()
+        assert checked

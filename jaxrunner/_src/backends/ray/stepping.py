@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from jaxrunner._src.arg_checks import check_config, check_env_fns, check_seed_count
+from jaxrunner._src.backends.base import ChecksOnSend
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.ray.actor_manager import ActorPool
 from jaxrunner._src.backends.ray.config import RayConfig, import_ray
@@ -32,7 +33,7 @@ class Call:
         self.lost: dict[int, BaseException] = {}  # envs whose slot fails, and why
 
 
-class ActorStepping(ActorSubEnvs):
+class ActorStepping(ChecksOnSend, ActorSubEnvs):
     """The backend contract of a vector env whose sub-envs run in Ray actors, for either
     kind (:mod:`.kinds`); as :class:`~.vector_env.RayVectorEnv` describes."""
 
@@ -151,18 +152,19 @@ class ActorStepping(ActorSubEnvs):
         self._pending.pop(index, None)
         return self._kind.reset_at_result(reply, unit, index)
 
-    def send(self, actions: Any, env_ids: EnvIds = None) -> None:
-        """Validates the whole batch, then starts the step of ``env_ids`` (None: every
-        env) and returns without waiting. Lockstep: None or a slice. Ready-first: whole
-        actors (a slice or an int array, each actor's sub-envs in order), none of them
-        in flight."""
+    def _send_actions(self, actions: Any, env_ids: EnvIds, checked: bool) -> None:
+        """Validates the whole batch (unless ``checked``), then starts the step of
+        ``env_ids`` (None: every env) and returns without waiting. Lockstep: None or a
+        slice. Ready-first: whole actors (a slice or an int array, each actor's sub-envs
+        in order), none of them in flight."""
         self._check_open("step")
         if not self.capabilities.ready_first:
             lo, hi = block_rows(env_ids, self.num_envs, type(self).__name__)
-            self._send_rows(actions, lo, hi, whole=env_ids is None)
+            self._send_rows(actions, lo, hi, whole=env_ids is None, checked=checked)
             return
         units = self._whole_actors(env_ids)
-        self._kind.checks[sum(len(at) for _, at in units)](actions)
+        if not checked:
+            self._kind.checks[sum(len(at) for _, at in units)](actions)
         busy = self._in_flight.units() & {u for u, _ in units}
         if busy:
             raise InvalidArgumentError(
@@ -235,9 +237,13 @@ class ActorStepping(ActorSubEnvs):
             )
         return units
 
-    def _send_rows(self, actions: Any, lo: int, hi: int, whole: bool) -> Call:
-        """Validates ``actions`` (envs ``[lo, hi)``), then sends each actor its part."""
-        self._kind.checks[hi - lo](actions)
+    def _send_rows(
+        self, actions: Any, lo: int, hi: int, whole: bool, checked: bool = False
+    ) -> Call:
+        """Validates ``actions`` (envs ``[lo, hi)``; unless ``checked``), then sends each
+        actor its part."""
+        if not checked:
+            self._kind.checks[hi - lo](actions)
         parts = []
         for u, unit in enumerate(self.unit_rows):
             start, stop = max(lo, unit.start), min(hi, unit.stop)
