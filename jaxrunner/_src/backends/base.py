@@ -226,21 +226,6 @@ class BaseVectorEnv(abc.ABC):
         return list(values)
 
 
-class ChecksOnSend:
-    """A backend whose ``send`` checks the actions' values and ``send_checked`` skips
-    that: both are :meth:`_send_actions`."""
-
-    def send(self, actions: Any, env_ids: EnvIds = None) -> None:
-        self._send_actions(actions, env_ids, checked=False)
-
-    def send_checked(self, actions: Any, env_ids: EnvIds = None) -> None:
-        self._send_actions(actions, env_ids, checked=True)
-
-    @abc.abstractmethod
-    def _send_actions(self, actions: Any, env_ids: EnvIds, checked: bool) -> None:
-        """``send``, skipping the check of the values where ``checked``."""
-
-
 class VectorEnv(GroupedAgents, BaseVectorEnv, gymnasium.vector.VectorEnv):
     """Base of jaxrunner's single-agent vector envs (the contract: docs/concepts.md, the
     vector-env contract)."""

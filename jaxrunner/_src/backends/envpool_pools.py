@@ -12,8 +12,9 @@ import numpy as np
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.arg_checks import check_seed_count
-from jaxrunner._src.backends.base import ChecksOnSend, VectorEnv
+from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.capabilities import Capabilities
+from jaxrunner._src.backends.checked_sends import ChecksOnSend
 from jaxrunner._src.backends.envpool import EnvPoolVectorEnv
 from jaxrunner._src.backends.envpool_calls import EnvPoolActions, NoSubEnvAccess
 from jaxrunner._src.backends.steps import BatchStep, EnvIds, block_rows

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from jaxrunner._src.arg_checks import check_env_fns, check_seed_count
-from jaxrunner._src.backends.base import ChecksOnSend
+from jaxrunner._src.backends.checked_sends import ChecksOnSend
 from jaxrunner._src.backends.remote_sub_envs import RemoteSubEnvs
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy, close_quietly
 from jaxrunner._src.backends.snapshots import (

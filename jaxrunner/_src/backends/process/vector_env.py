@@ -10,8 +10,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxrunner._src.arg_checks import check_config, check_env_fns, check_seed_count
-from jaxrunner._src.backends.base import ChecksOnSend, MultiAgentVectorEnv, VectorEnv
+from jaxrunner._src.backends.base import MultiAgentVectorEnv, VectorEnv
 from jaxrunner._src.backends.capabilities import Capabilities
+from jaxrunner._src.backends.checked_sends import ChecksOnSend
 from jaxrunner._src.backends.process.config import ProcessConfig
 from jaxrunner._src.backends.process.handle import shutdown
 from jaxrunner._src.backends.process.shared import AgentLayout, BlockLayout, Layout

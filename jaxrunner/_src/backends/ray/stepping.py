@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from jaxrunner._src.arg_checks import check_config, check_env_fns, check_seed_count
-from jaxrunner._src.backends.base import ChecksOnSend
 from jaxrunner._src.backends.capabilities import Capabilities
+from jaxrunner._src.backends.checked_sends import ChecksOnSend
 from jaxrunner._src.backends.ray.actor_manager import ActorPool
 from jaxrunner._src.backends.ray.config import RayConfig, import_ray
 from jaxrunner._src.backends.ray.deadlines import InFlightSteps
