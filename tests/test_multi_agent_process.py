@@ -165,3 +165,31 @@ def test_process_get_num_restarts_after_close_is_a_closed_error():
     envs.close()
     with pytest.raises(jr.errors.ClosedError):
         envs.get_num_restarts()
+
+
+@pytest.mark.parametrize("backend", ["sync", "process"])
+def test_the_runners_checked_actions_skip_the_backends_check(monkeypatch, backend):
+    """Every group's actions the runner's policy step checked are only cast to the
+    spaces' dtypes (``send_checked``, the backend's check skipped); a batch the step
+    flags goes through the check, which names the group, the sub-env and the agent."""
+    import jax.numpy as jnp
+
+    from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
+
+    calls = []
+    real = ActionCheck.__call__
+
+    def counted(self, actions):
+        calls.append(self.num_envs)
+        return real(self, actions)
+
+    monkeypatch.setattr(ActionCheck, "__call__", counted)
+    policy = jr.Policy(apply_fn=lambda p, o, c, k: (jnp.full(len(k), p["a"], jnp.int32), {}, None))
+    envs = jr.make_vec(envs_mod.simple_spread, 2, backend, seed=0)
+    with jr.EnvRunner(envs, policy, {"a": jnp.int32(4)}, rollout_length=3, seed=0) as runner:
+        traj = runner.sample()
+        assert calls == [] and (traj.groups[envs.policy_ids[0]].action == 4).all()
+        runner.set_params({"a": jnp.int32(5)})  # (simple_spread's actions: Discrete(5))
+        with pytest.raises(jr.errors.InvalidActionError, match=r"sub-env 0 agent .*'s action 5"):
+            runner.sample()
+        assert calls == [2]

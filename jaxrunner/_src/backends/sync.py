@@ -174,6 +174,11 @@ class SyncMultiAgentVectorEnv(BlockForwarding, InProcessSends, MultiAgentVectorE
     def _checked(self, actions: Sequence[Any], rows: slice | None) -> Any:
         return self._checks[self.num_envs if rows is None else rows.stop - rows.start](actions)
 
+    def _passed(self, actions: Sequence[Any], rows: slice | None) -> Any:
+        return self._checks[self.num_envs if rows is None else rows.stop - rows.start].passed(
+            actions
+        )
+
     def _step(self, actions: Any, rows: slice | None) -> MultiAgentStep:
         lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
         infos, errors = self._block.step_rows(lo, hi, actions)

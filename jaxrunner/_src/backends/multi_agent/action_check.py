@@ -32,6 +32,16 @@ class ActionCheck:
         tests = self._passes if self._passes and len(actions) == len(self._passes) else None
         if tests is None or not all(test(batch) for test, batch in zip(tests, actions)):
             actions = self._check(actions)
+        return self._cast(actions)
+
+    def passed(self, actions: Sequence[Any]) -> Sequence[Any]:
+        """:meth:`__call__` of actions known to pass its tests (a runner's policy step
+        checked their values): only cast, where every group has an inline test."""
+        if self._passes is None or len(actions) != len(self._passes):
+            return self(actions)
+        return self._cast(actions)
+
+    def _cast(self, actions: Sequence[Any]) -> list[Any]:
         return [
             space_arrays.as_space_dtypes(g.action_space, a) for g, a in zip(self.groups, actions)
         ]
