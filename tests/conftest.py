@@ -145,3 +145,45 @@ def compile_events():
             _COMPILES.pop()
 
     return events
+
+
+def constant_actions_policy() -> jr.Policy:
+    """Acts ``params["a"]`` (an int32) in every row: a runner's actions set by hand."""
+    import jax.numpy as jnp
+
+    return jr.Policy(apply_fn=lambda p, o, c, k: (jnp.full(len(k), p["a"], jnp.int32), {}, None))
+
+
+def count_action_batch_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The calls, from now on, of the checks ``space_arrays.action_batch_check`` builds
+    (the batch size each checked): a backend's own check of an action batch's values."""
+    from jaxrunner._src import space_arrays
+
+    calls: list[int] = []
+    real = space_arrays.action_batch_check
+
+    def counting(space: gymnasium.Space, num: int):
+        check = real(space, num)
+        return lambda actions: (calls.append(num), check(actions))[1]
+
+    monkeypatch.setattr(space_arrays, "action_batch_check", counting)
+    return calls
+
+
+def sample_checked_then_flagged(
+    envs, checks: list, good: int, bad: int, match: str, rollout_length: int = 4
+):
+    """A runner on ``envs`` acting ``good`` everywhere samples with ``checks`` still empty
+    (``send_checked``: the backend's own check skipped); acting ``bad``, the batch its
+    policy step flags goes through that check, which refuses the next sample with an
+    error matching ``match``. Returns the good sample."""
+    import jax.numpy as jnp
+
+    params = {"a": jnp.int32(good)}
+    with jr.EnvRunner(envs, constant_actions_policy(), params, rollout_length, seed=0) as runner:
+        traj = runner.sample()
+        assert checks == []
+        runner.set_params({"a": jnp.int32(bad)})
+        with pytest.raises(jr.errors.InvalidActionError, match=match):
+            runner.sample()
+    return traj

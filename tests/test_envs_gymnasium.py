@@ -18,6 +18,7 @@ import gymnasium
 import jax
 import numpy as np
 import pytest
+from conftest import sample_checked_then_flagged
 from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
@@ -475,10 +476,7 @@ def test_the_runners_checked_actions_skip_the_adapters_check(monkeypatch) -> Non
     are (``send_checked``, the adapter's check skipped); a batch the step flags goes
     through the check, which refuses it before any sub-env steps, naming the sub-env and
     the value."""
-    import jax.numpy as jnp
-
     from jaxrunner._src.backends.gymnasium_adapter import GymnasiumVectorEnv
-    from jaxrunner.errors import InvalidActionError
 
     checks = []
     real = GymnasiumVectorEnv._check_actions
@@ -488,12 +486,6 @@ def test_the_runners_checked_actions_skip_the_adapters_check(monkeypatch) -> Non
         return real(self, actions)
 
     monkeypatch.setattr(GymnasiumVectorEnv, "_check_actions", counted)
-    policy = jr.Policy(apply_fn=lambda p, o, c, k: (jnp.full(len(k), p["a"], jnp.int32), {}, None))
     envs = jr.make_vec("CartPole-v1", 3, "gymnasium")
-    with jr.EnvRunner(envs, policy, {"a": jnp.int32(1)}, rollout_length=4, seed=0) as runner:
-        traj = runner.sample()
-        assert checks == [] and (traj.action == 1).all()
-        runner.set_params({"a": jnp.int32(2)})
-        with pytest.raises(InvalidActionError, match=r"sub-env 0's action 2 \(row 0"):
-            runner.sample()
-        assert checks == [3]
+    traj = sample_checked_then_flagged(envs, checks, 1, 2, r"sub-env 0's action 2 \(row 0")
+    assert (traj.action == 1).all() and checks == [3]

@@ -29,7 +29,12 @@ import gymnasium
 import jax
 import numpy as np
 import pytest
-from conftest import ActorCritic, short_cartpole
+from conftest import (
+    ActorCritic,
+    count_action_batch_checks,
+    sample_checked_then_flagged,
+    short_cartpole,
+)
 
 import jaxrunner as jr
 from jaxrunner._src.backends.process import (
@@ -755,25 +760,7 @@ def test_the_runners_checked_actions_skip_the_backends_check(monkeypatch) -> Non
     are (``send_checked``, the backend's check skipped); a batch the step flags goes
     through the check, which refuses it before any sub-env steps, naming the sub-env and
     the value."""
-    import jax.numpy as jnp
-
-    from jaxrunner._src.backends.process import shared
-    from jaxrunner.errors import InvalidActionError
-
-    checked = []
-    real = shared.space_arrays.action_batch_check
-
-    def counting(space, num):
-        check = real(space, num)
-        return lambda actions: (checked.append(num), check(actions))[1]
-
-    monkeypatch.setattr(shared.space_arrays, "action_batch_check", counting)
-    policy = jr.Policy(apply_fn=lambda p, o, c, k: (jnp.full(len(k), p["a"], jnp.int32), {}, None))
+    checked = count_action_batch_checks(monkeypatch)
     envs = jr.make_vec("CartPole-v1", 3, "process")
-    with jr.EnvRunner(envs, policy, {"a": jnp.int32(1)}, rollout_length=4, seed=0) as runner:
-        traj = runner.sample()
-        assert checked == [] and (traj.action == 1).all()
-        runner.set_params({"a": jnp.int32(2)})
-        with pytest.raises(InvalidActionError, match=r"sub-env 0's action 2 \(row 0"):
-            runner.sample()
-        assert checked == [3]
+    traj = sample_checked_then_flagged(envs, checked, 1, 2, r"sub-env 0's action 2 \(row 0")
+    assert (traj.action == 1).all() and checked == [3]

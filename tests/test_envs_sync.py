@@ -16,6 +16,7 @@ from typing import Any, ClassVar, NamedTuple
 import gymnasium
 import numpy as np
 import pytest
+from conftest import sample_checked_then_flagged
 from gymnasium import spaces
 
 import jaxrunner as jr
@@ -874,28 +875,20 @@ def test_a_runner_skips_the_check_its_policy_step_made_and_refuses_what_it_flagg
     """On sync, the actions the runner's policy step checked are split as they are
     (``send_checked``, the backend's check skipped); a batch the step flags goes through
     the check, which refuses it before any sub-env steps, naming the sub-env and value."""
-    import jax.numpy as jnp
-
     from jaxrunner._src.backends.sync import SyncVectorEnv
 
-    taken = {"_checked": 0, "_passed": 0}
-    for name in taken:
+    checks, passes = [], []
+    for name, calls in (("_checked", checks), ("_passed", passes)):
         real = getattr(SyncVectorEnv, name)
 
-        def counted(self, actions, rows, _name=name, _real=real):
-            taken[_name] += 1
+        def counted(self, actions, rows, _calls=calls, _real=real):
+            _calls.append(rows)
             return _real(self, actions, rows)
 
         monkeypatch.setattr(SyncVectorEnv, name, counted)
-    policy = jr.Policy(apply_fn=lambda p, o, c, k: (jnp.full(len(k), p["a"], jnp.int32), {}, None))
     envs = jr.make_vec("CartPole-v1", 3, "sync")
-    with jr.EnvRunner(envs, policy, {"a": jnp.int32(1)}, rollout_length=4, seed=0) as runner:
-        traj = runner.sample()
-        assert taken == {"_checked": 0, "_passed": 4} and (traj.action == 1).all()
-        runner.set_params({"a": jnp.int32(2)})
-        with pytest.raises(InvalidActionError, match=r"sub-env 0's action 2 \(row 0"):
-            runner.sample()
-        assert taken["_checked"] == 1
+    traj = sample_checked_then_flagged(envs, checks, 1, 2, r"sub-env 0's action 2 \(row 0")
+    assert (traj.action == 1).all() and len(passes) == 4 and len(checks) == 1
 
 
 def test_a_subclass_that_redefines_send_gets_the_checked_sends_too() -> None:

@@ -11,6 +11,8 @@ import pytest
 
 pytest.importorskip("pettingzoo")
 
+from conftest import sample_checked_then_flagged
+
 import jaxrunner as jr
 from tests import multi_agent_envs as envs_mod
 from tests.ray_helpers import kill_actor
@@ -172,8 +174,6 @@ def test_the_runners_checked_actions_skip_the_backends_check(monkeypatch, backen
     """Every group's actions the runner's policy step checked are only cast to the
     spaces' dtypes (``send_checked``, the backend's check skipped); a batch the step
     flags goes through the check, which names the group, the sub-env and the agent."""
-    import jax.numpy as jnp
-
     from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
 
     calls = []
@@ -184,12 +184,8 @@ def test_the_runners_checked_actions_skip_the_backends_check(monkeypatch, backen
         return real(self, actions)
 
     monkeypatch.setattr(ActionCheck, "__call__", counted)
-    policy = jr.Policy(apply_fn=lambda p, o, c, k: (jnp.full(len(k), p["a"], jnp.int32), {}, None))
     envs = jr.make_vec(envs_mod.simple_spread, 2, backend, seed=0)
-    with jr.EnvRunner(envs, policy, {"a": jnp.int32(4)}, rollout_length=3, seed=0) as runner:
-        traj = runner.sample()
-        assert calls == [] and (traj.groups[envs.policy_ids[0]].action == 4).all()
-        runner.set_params({"a": jnp.int32(5)})  # (simple_spread's actions: Discrete(5))
-        with pytest.raises(jr.errors.InvalidActionError, match=r"sub-env 0 agent .*'s action 5"):
-            runner.sample()
-        assert calls == [2]
+    # (simple_spread's actions: Discrete(5))
+    match = r"sub-env 0 agent .*'s action 5"
+    traj = sample_checked_then_flagged(envs, calls, 4, 5, match, rollout_length=3)
+    assert (traj.groups[envs.policy_ids[0]].action == 4).all() and calls == [2]

@@ -17,6 +17,7 @@ import gymnasium
 import jax
 import numpy as np
 import pytest
+from conftest import count_action_batch_checks, sample_checked_then_flagged
 
 import jaxrunner as jr
 from jaxrunner._src.services.distributed import group as group_module
@@ -1042,25 +1043,9 @@ def test_the_runners_checked_actions_skip_the_main_process_check(monkeypatch, re
     """The actions the runner's policy step checked go to the actors without the main
     process's check of the batch (``send_checked``); a batch the step flags goes through
     it, which refuses it before any actor steps, naming the sub-env and the value."""
-    import jax.numpy as jnp
-
-    from jaxrunner._src.backends.ray import kinds
-
-    checked = []
-    real = kinds.space_arrays.action_batch_check
-
-    def counting(space, num):
-        check = real(space, num)
-        return lambda actions: (checked.append(num), check(actions))[1]
-
-    monkeypatch.setattr(kinds.space_arrays, "action_batch_check", counting)
-    policy = jr.Policy(apply_fn=lambda p, o, c, k: (jnp.full(len(k), p["a"], jnp.int32), {}, None))
+    checked = count_action_batch_checks(monkeypatch)
     config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1, ready_first=ready_first)
     envs = jr.make_vec(CountingEnv, 4, "ray", config=config)
-    with jr.EnvRunner(envs, policy, {"a": jnp.int32(1)}, rollout_length=4, seed=0) as runner:
-        traj = runner.sample()
-        assert checked == [] and (traj.action == 1).all()
-        runner.set_params({"a": jnp.int32(3)})  # (CountingEnv's actions: Discrete(3))
-        with pytest.raises(jr.errors.InvalidActionError, match=r"sub-env 0's action 3 \(row 0"):
-            runner.sample()
-        assert checked
+    # (CountingEnv's actions: Discrete(3))
+    traj = sample_checked_then_flagged(envs, checked, 1, 3, r"sub-env 0's action 3 \(row 0")
+    assert (traj.action == 1).all() and checked
