@@ -172,12 +172,14 @@ class SyncMultiAgentVectorEnv(BlockForwarding, InProcessSends, MultiAgentVectorE
         return self._block.result(self._block.reset(seeds, options))
 
     def _checked(self, actions: Sequence[Any], rows: slice | None) -> Any:
-        return self._checks[self.num_envs if rows is None else rows.stop - rows.start](actions)
+        return self._check_of(rows)(actions)
 
     def _passed(self, actions: Sequence[Any], rows: slice | None) -> Any:
-        return self._checks[self.num_envs if rows is None else rows.stop - rows.start].passed(
-            actions
-        )
+        return self._check_of(rows).passed(actions)
+
+    def _check_of(self, rows: slice | None) -> Any:
+        """The action check of a block of ``rows`` (None: every env)."""
+        return self._checks[self.num_envs if rows is None else rows.stop - rows.start]
 
     def _step(self, actions: Any, rows: slice | None) -> MultiAgentStep:
         lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)

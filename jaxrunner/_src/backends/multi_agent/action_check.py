@@ -29,7 +29,7 @@ class ActionCheck:
 
     def __call__(self, actions: Sequence[Any]) -> Sequence[Any]:
         """The actions, each group's in its space's dtypes (what its agents are handed)."""
-        tests = self._passes if self._passes and len(actions) == len(self._passes) else None
+        tests = self._tests(actions)
         if tests is None or not all(test(batch) for test, batch in zip(tests, actions)):
             actions = self._check(actions)
         return self._cast(actions)
@@ -37,9 +37,11 @@ class ActionCheck:
     def passed(self, actions: Sequence[Any]) -> Sequence[Any]:
         """:meth:`__call__` of actions known to pass its tests (a runner's policy step
         checked their values): only cast, where every group has an inline test."""
-        if self._passes is None or len(actions) != len(self._passes):
-            return self(actions)
-        return self._cast(actions)
+        return self._cast(actions) if self._tests(actions) else self(actions)
+
+    def _tests(self, actions: Sequence[Any]) -> list[Any] | None:
+        """Each group's inline test, where every group of ``actions`` has one."""
+        return self._passes if self._passes and len(actions) == len(self._passes) else None
 
     def _cast(self, actions: Sequence[Any]) -> list[Any]:
         return [
