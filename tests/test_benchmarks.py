@@ -573,20 +573,6 @@ def test_envpool_modes_times_each_mode_against_both_hand_loops(tmp_path):
     )
 
 
-def test_cold_policy_call_times_each_call_after_an_envpool_step(tmp_path):
-    pytest.importorskip("envpool")
-    out = tmp_path / "cold_policy_call.json"
-    _run("cold_policy_call.py", "--num-envs", "4", "--calls", "3", "--rounds", "2",
-         "--out", str(out))  # fmt: skip
-    (row,) = json.loads(out.read_text())["results"]
-    calls = {"tiny", "hand_policy", "runner_step", "numpy_mlp"}
-    assert row["num_envs"] == 4 and set(row["median_us"]) == {
-        "back_to_back", "after_sleep", "after_envpool_step"
-    }  # fmt: skip
-    assert all(set(c) == calls and min(c.values()) > 0 for c in row["median_us"].values())
-    assert set(row["over_back_to_back"]) == {"after_sleep", "after_envpool_step"}
-
-
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a layout needs 2 CPUs")
 def test_envpool_thread_layouts_place_each_thread_where_the_layout_says(tmp_path):
     pytest.importorskip("envpool")
@@ -616,20 +602,6 @@ def test_envpool_thread_layouts_place_each_thread_where_the_layout_says(tmp_path
         sets = placed[name]["thread_cpus"]
         assert policy in sets and all(c == policy or set(c) <= set(envpool) for c in sets)
         assert any(set(c) <= set(envpool) for c in sets)
-
-
-def test_envpool_arenas_times_the_last_pool_with_the_arena_limit_raised_and_at_glibcs(tmp_path):
-    pytest.importorskip("envpool")
-    out = tmp_path / "envpool_arenas.json"
-    _run("envpool_arenas.py", "--num-envs", "4", "--pools", "2", "--pairs", "1",
-         "--seconds", "0.05", "--out", str(out))  # fmt: skip
-    (row,) = json.loads(out.read_text())["results"]
-    assert set(row["runs"]) == {"raised", "glibc"} and row["pools"] == 2
-    raised, glibc = row["runs"]["raised"][0], row["runs"]["glibc"][0]
-    assert raised["steps_per_s"] > 0 and glibc["steps_per_s"] > 0
-    # The glibc child's MALLOC_ARENA_MAX is the user's choice, which the backend keeps.
-    assert raised["arena_limit_raised"] is True and glibc["arena_limit_raised"] is False
-    assert row["raised_over_glibc"] == pytest.approx(raised["steps_per_s"] / glibc["steps_per_s"])
 
 
 def test_peers_workload_times_jaxrunners_envpool_backend_against_envpool_by_hand(tmp_path):
@@ -677,21 +649,6 @@ def test_sample_overhead_splits_step_and_sample_costs(tmp_path):
     assert all(us > 0 for us in row["us_per_step_median"].values())
 
 
-def test_episode_book_times_both_versions_on_the_same_samples(tmp_path):
-    """HEAD's episode book against the working tree's, a row per shape."""
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=BENCHMARKS, capture_output=True)
-    if head.returncode != 0:
-        pytest.skip("not a git checkout")
-    out = tmp_path / "book.json"
-    options = ["--shapes", "4x2", "1x3", "--samples", "3", "--rounds", "2"]
-    _run("episode_book.py", "--base", "HEAD", *options, "--out", str(out))
-    rows = json.loads(out.read_text())["results"]
-    assert [(r["rollout_length"], r["num_envs"]) for r in rows] == [(4, 2), (1, 3)]
-    for row in rows:
-        assert row["same_numbering"]
-        assert all(len(us) == 2 and min(us) > 0 for us in row["us_per_sample"].values())
-
-
 def test_trajectory_memory_times_short_samples_outside_tracemalloc(tmp_path):
     out = tmp_path / "memory.json"
     options = ["--workload", "cartpole", "--num-envs", "2", "--rollout-length", "1"]
@@ -715,27 +672,6 @@ def test_chunk_sizes_times_the_plain_call_and_each_chunk(tmp_path):
     assert row["rows"] == 8 and row["flops_per_row"] > 0
     assert row["plain_ms"] > 0 and set(row["chunked_ms"]) == {"4", "8"}
     assert all(ms > 0 for ms in row["chunked_ms"].values())
-
-
-def test_one_agent_groups_times_the_dense_block_and_the_multi_agent_one(tmp_path):
-    pytest.importorskip("pettingzoo")
-    out = tmp_path / "one_agent_groups.json"
-    _run(
-        "one_agent_groups.py",
-        "--widths",
-        "2",
-        "--rounds",
-        "2",
-        "--seconds",
-        "0.05",
-        "--out",
-        str(out),
-    )
-    (row,) = json.loads(out.read_text())["results"]
-    med = row["median_steps_per_s"]
-    assert set(med) == {"dense", "one_agent_groups"} and min(med.values()) > 0
-    assert row["ratio"] == pytest.approx(med["one_agent_groups"] / med["dense"])
-    assert all(len(rates) == 2 for rates in row["rounds"].values())
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

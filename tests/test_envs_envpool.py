@@ -772,7 +772,7 @@ def test_async_reset_gives_envpools_infos_as_sync_mode() -> None:
 def test_a_pool_raises_glibcs_arena_limit_before_its_threads_allocate() -> None:
     """Each pool's buffer thread allocates while the sampling thread frees; at glibc's own
     limit a later pool's thread shared the sampling thread's arena
-    (benchmarks/envpool_arenas.py)."""
+    (docs/performance.md, "A later EnvPool pool's malloc arena")."""
     from jaxrunner._src.backends import malloc_arenas
 
     malloc_arenas.allow_an_arena_per_thread.cache_clear()
