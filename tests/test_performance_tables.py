@@ -111,6 +111,27 @@ def test_headline_has_every_host_row_of_its_runs_and_their_ratios():
     assert len(header) == 6 and checked >= 30
 
 
+def test_the_readme_table_is_the_latest_runs_with_the_envpool_rows():
+    """The README's table is generated from ``README_RUNS``; an ``envpool`` row sets the
+    backend against EnvPool driven by hand (its ``hand``) in sync and async mode."""
+    generated = tables.headline_table(tables.README_RUNS, ("sync", "process", "envpool"))
+    table = generated.split("\n\n*From")[0].strip()
+    assert table in (ROOT / "README.md").read_text()
+    rows = _rows(table)
+    checked = 0
+    for workload, name in tables.README_RUNS:
+        pools = [r for r in tables.load(name)["results"] if r["backend"] == "envpool"]
+        got = [row for row in rows if row[0] == workload and row[1] == "envpool"]
+        assert [row[2] for row in got] == [str(r["num_envs"]) for r in pools]
+        for row, result in zip(got, pools):
+            ratios = result["ratios"]
+            assert row[4] == row[5] == row[8] == row[9] == "-"  # no other system there
+            assert row[6] == _ratio_cell(ratios["hand"]["median"]) + "x"
+            assert row[7] == _ratio_cell(ratios["hand_envpool_async"]["median"]) + "x"
+            checked += 1
+    assert checked == 8
+
+
 def _group(rows: list[list[str]], workloads: list[str]) -> list[list[list[str]]]:
     return [[row for row in rows if row[0] == workload] for workload in workloads]
 

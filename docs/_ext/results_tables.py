@@ -54,6 +54,15 @@ HEADLINE_RUNS = [
     ("Pong", "peers_pong_20261201_cpu.json"),
     ("HalfCheetah-v5", "peers_halfcheetah_20261201_cpu.json"),
 ]
+README_RUNS = [
+    ("CartPole-v1", "peers_cartpole_stop112_cpu.json"),
+    ("Pong", "peers_pong_stop112_cpu.json"),
+    ("HalfCheetah-v5", "peers_halfcheetah_stop112_cpu.json"),
+]
+"""The README's table (:func:`headline_table` with the ``"envpool"`` rows): the latest
+full runs."""
+# In an "envpool" row the hand loop is EnvPool's sync mode driven by hand.
+ENVPOOL_ROW_PEERS = {"hand loop": (), "EnvPool (sync)": ("hand",)}
 
 
 def load(name: str) -> dict[str, Any]:
@@ -123,21 +132,25 @@ def systems_table(name: str) -> str:
     return markdown(header, rows, right_from=3) + source_line(name, report)
 
 
-def headline_table() -> str:
+def headline_table(
+    runs: list[tuple[str, str]] = HEADLINE_RUNS, backends: tuple[str, ...] = ("sync", "process")
+) -> str:
     """jaxrunner against the loop a user writes and the peer libraries, on three workloads:
     ratios of median env steps/s (above 1: jaxrunner is faster); a dash where the peer was
-    not in that run."""
+    not in that run. ``runs``: (workload, result file); ``backends``: the rows kept."""
     rows = []
     sources = []
-    for workload, name in HEADLINE_RUNS:
+    for workload, name in runs:
         report = load(name)
         sources.append(f"`{name}` ({str(report['date'])[:10]})")
         for row in report["results"]:
-            if row["backend"] not in ("sync", "process"):
+            if row["backend"] not in backends:
                 continue
             cells = [workload, row["backend"], str(row["num_envs"])]
             cells.append(rate(row["systems"]["jaxrunner"]["median"]))
-            for _title, keys in HEADLINE_PEERS:
+            for title, keys in HEADLINE_PEERS:
+                if row["backend"] == "envpool":
+                    keys = ENVPOOL_ROW_PEERS.get(title, keys)
                 found = [key for key in keys if key in row["systems"]]
                 cells.append(f"{ratio(system_ratio(row, found[0]))}x" if found else "-")
             rows.append(cells)
