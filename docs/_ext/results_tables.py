@@ -59,8 +59,7 @@ README_RUNS = [
     ("Pong", "peers_pong_stop112_cpu.json"),
     ("HalfCheetah-v5", "peers_halfcheetah_stop112_cpu.json"),
 ]
-"""The README's table (:func:`headline_table` with the ``"envpool"`` rows): the latest
-full runs."""
+"""The latest full runs: the README's table (:func:`readme_table`)."""
 # In an "envpool" row the hand loop is EnvPool's sync mode driven by hand.
 ENVPOOL_ROW_PEERS = {"hand loop": (), "EnvPool (sync)": ("hand",)}
 
@@ -158,6 +157,13 @@ def headline_table(
     header += [f"/ {title}" for title, _keys in HEADLINE_PEERS]
     note = "\n\n*From `benchmarks/results/`: " + ", ".join(sources) + ".*\n"
     return markdown(header, rows, right_from=2) + note
+
+
+def readme_table() -> str:
+    """The README's performance table: :func:`headline_table` of :data:`README_RUNS`, with
+    the ``"envpool"`` backend's rows, without the source line (the README names its files)."""
+    table = headline_table(README_RUNS, ("sync", "process", "envpool"))
+    return table.split("\n\n*From", 1)[0]
 
 
 def multi_agent_host_table() -> str:
